@@ -1,0 +1,31 @@
+# Each user-facing target does its own setup; `make setup` is idempotent and quick when done.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.setup-done
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@command -v mlir-opt-22 >/dev/null 2>&1 || [ -x /usr/lib/llvm-22/bin/mlir-opt ] || \
+	  { [ "$$(id -u)" = 0 ] && { apt-get install -y --no-install-recommends mlir-22-tools llvm-22 >/dev/null 2>&1 || \
+	      { apt-get update -qq && apt-get install -y --no-install-recommends mlir-22-tools llvm-22 >/dev/null; }; } \
+	    || echo "note: mlir-22-tools not installed (needs root); the MLIR path will say so"; }
+	[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -n 2 tests
+
+demo: setup
+	$(PY) -m scanweaver_tvm.demo
+
+bench: setup
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m bench.scan
+
+clean:
+	rm -rf $(VENV) build *.egg-info
