@@ -1,0 +1,67 @@
+"""Check a GPU PrimFunc without a GPU: CUDA source from TVM, PTX from nvcc, resources from ptxas.
+
+This is how GPU realizations are verified on a CPU machine (with ``emulate.py`` for results).
+"""
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm.support import nvcc
+
+SM90 = {"kind": "cuda", "arch": "sm_90"}
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """What ``ptxas -v`` says about each kernel of a PTX file."""
+
+    registers: int          # the most any kernel uses
+    spill_stores: int
+    spill_loads: int
+    shared_bytes: int       # the most static shared memory any kernel uses
+    text: str
+
+
+def cuda_source(func, target=SM90):
+    """Build a PrimFunc for CUDA and return the generated CUDA C source."""
+    target = tvm.target.Target(target)
+    ex = tvm.compile(tvm.IRModule({func.attrs["global_symbol"]: func}), target=target)
+    return ex.mod.imports[0].inspect_source()
+
+
+def ptx(source, arch="sm_90"):
+    """Compile CUDA C to PTX with nvcc (TVM's own wrapper)."""
+    if shutil.which("nvcc") is None:
+        raise RuntimeError("nvcc not found on PATH: install the CUDA toolkit to build GPU code")
+    out = nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvcc")
+    return bytes(out).decode() if not isinstance(out, str) else out
+
+
+def ptxas(ptx_text, arch="sm_90"):
+    """Assemble PTX with ``ptxas -v`` and parse its resource report."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "kernel.ptx"
+        path.write_text(ptx_text)
+        proc = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", str(Path(d) / "k.cubin")],
+                              capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"ptxas rejected the PTX:\n{proc.stderr}")
+    text = proc.stderr
+
+    def most(pattern):
+        return max((int(x) for x in re.findall(pattern, text)), default=0)
+
+    return PtxasReport(most(r"Used (\d+) registers"), most(r"(\d+) bytes spill stores"),
+                       most(r"(\d+) bytes spill loads"), most(r"(\d+) bytes smem"), text)
+
+
+def check_kernel(func, target=SM90):
+    """Source, PTX and ptxas report of a GPU PrimFunc."""
+    src = cuda_source(func, target)
+    with tvm.target.Target(target):
+        text = ptx(src, tvm.target.Target(target).arch)
+    return src, text, ptxas(text, tvm.target.Target(target).arch)
