@@ -1,0 +1,57 @@
+"""Shared test plumbing: random operands, NaN-poisoned outputs, float64 comparison."""
+import ml_dtypes
+import numpy as np
+import tvm
+
+from scanweaver_tvm import reference as ref
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# Output rounding of each dtype, times a margin for fp32 accumulation order differences.
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def plain_operands(spec, rng, length=None):
+    """Random ``a`` (|a| <= 1: bounded recurrence), ``b`` and ``h0`` for a plain spec."""
+    shape = tuple(length if n is None else n for n in spec.shape)
+    a_shape = tuple(length if n is None else n for n in spec.a_shape)
+    dt = NP_DTYPES[spec.dtype]
+    a = rng.uniform(-1.0, 1.0, a_shape).astype(dt)
+    b = rng.standard_normal(shape).astype(dt)
+    h0 = rng.standard_normal(spec.state_shape).astype(dt) if spec.has_h0 else None
+    return a, b, h0
+
+
+def plain_expected(spec, a, b, h0):
+    """float64 reference states and last state, computed on the (rounded) inputs."""
+    states = ref.affine_scan(a.astype(np.float64), b.astype(np.float64),
+                             None if h0 is None else h0.astype(np.float64), spec.axis, spec.reverse)
+    return {"states": states, "last": ref.last_state(states, spec.axis, spec.reverse)}
+
+
+def run(kernel, inputs, output_shapes, dtype):
+    """Call a compiled kernel with outputs pre-filled with NaN; return outputs as float64."""
+    dev = tvm.cpu()
+    dt = NP_DTYPES[dtype]
+    outs = [np.full(s, np.nan, dtype=dt) for s in output_shapes]
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs if x is not None]
+    out_tensors = [tvm.runtime.tensor(o, dev) for o in outs]
+    kernel(*tensors, *out_tensors)
+    return [t.numpy().astype(np.float64) for t in out_tensors]
+
+
+def assert_close(got, want, dtype, what):
+    """Max error relative to the reference's magnitude; NaN (an unwritten element) fails."""
+    assert not np.isnan(got).any(), f"{what}: {int(np.isnan(got).sum())} elements never written"
+    scale = max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(got - want).max()) / scale
+    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]}"
+
+
+def check_plain(kernel, spec, rng, length=None):
+    """Run a plain-scan kernel on fresh random operands and compare every output."""
+    a, b, h0 = plain_operands(spec, rng, length)
+    want = plain_expected(spec, a, b, h0)
+    shapes = [want[k].shape for k in spec.outputs]
+    got = run(kernel, [a, b, h0], shapes, spec.dtype)
+    for name, g in zip(spec.outputs, got):
+        assert_close(g, want[name], spec.dtype, f"{name} (shape {b.shape}, spec {spec})")
