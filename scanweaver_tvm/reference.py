@@ -50,7 +50,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
                                           (u, delta, A, B, C, D, z, delta_bias)),
                                         delta_softplus=delta_softplus,
                                         h0=None if h0 is None else np.asarray(h0),
-                                        return_last_state=return_last_state)
+                                        return_last_state=return_last_state, check_dtypes=False)
     u, delta, A, B, C = (_f64(x) for x in (u, delta, A, B, C))
     if delta_bias is not None:
         delta = delta + _f64(delta_bias)[None, :, None]

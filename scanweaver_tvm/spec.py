@@ -138,8 +138,8 @@ class SelectiveScanSpec:
 
     @classmethod
     def for_arrays(cls, u, delta, A, B, C, D=None, z=None, delta_bias=None,
-                   delta_softplus=False, h0=None, return_last_state=False):
-        """The spec of concrete arrays, every operand's shape and dtype checked."""
+                   delta_softplus=False, h0=None, return_last_state=False, check_dtypes=True):
+        """The spec of concrete arrays, every operand's shape (and dtype) checked."""
         if len(u.shape) != 3:
             raise ValueError(f"u: expected (batch, dim, L), got shape {tuple(u.shape)}")
         b, d, l = (int(x) for x in u.shape)
@@ -153,13 +153,16 @@ class SelectiveScanSpec:
             groups = int(B.shape[1])
         bc_shape = (b, n, l) if not groups else (b, groups, n, l)
         spec = cls(b, d, l, n, groups, D is not None, z is not None, delta_bias is not None,
-                   bool(delta_softplus), h0 is not None, str(u.dtype), bool(return_last_state))
+                   bool(delta_softplus), h0 is not None,
+                   str(u.dtype) if check_dtypes else "float32", bool(return_last_state))
         expected = {"delta": (delta, (b, d, l)), "B": (B, bc_shape), "C": (C, bc_shape),
                     "D": (D, (d,)), "z": (z, (b, d, l)), "delta_bias": (delta_bias, (d,)),
                     "h0": (h0, (b, d, n))}
         for name, (arr, shape) in expected.items():
             if arr is not None and tuple(arr.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(arr.shape)}")
+        if not check_dtypes:
+            return spec
         for name, arr in [("u", u), ("delta", delta), ("B", B), ("C", C), ("z", z), ("h0", h0)]:
             if arr is not None and str(arr.dtype) != spec.dtype:
                 raise ValueError(f"{name}: dtype {arr.dtype} differs from u's {spec.dtype}")

@@ -39,10 +39,10 @@ def default_config(spec, cores=2):
     chunks = 1
     if groups < 2 * cores and length >= 4096:
         chunks = min(64, max(2, (4 * cores) // groups))
-    return {"group": group, "chunks": chunks}
+    return {"group": group, "chunks": chunks, "block": 16 if inner == 1 else 1}
 
 
-def generate(spec: AffineScanSpec, group=8, chunks=1):
+def generate(spec: AffineScanSpec, group=8, chunks=1, block=16):
     """The scheduled PrimFunc ``scanweaver_scan`` for ``spec``."""
     with IRBuilder() as ib:
         with T.prim_func():
@@ -51,9 +51,9 @@ def generate(spec: AffineScanSpec, group=8, chunks=1):
             lay = ScanLayout(spec)
             lay.declare_views()
             if chunks > 1:
-                _chunked(lay, group, chunks)
+                _chunked(lay, group, chunks, block)
             else:
-                _lanes(lay, group)
+                _lanes(lay, group, block)
     return ib.get()
 
 
@@ -69,8 +69,21 @@ def _lane(lay, group, g, k):
     return lane if lay.lanes % group == 0 else tirx.min(lane, lay.lanes - 1)
 
 
-def _run_steps(lay, group, g, h, start, stop, write):
-    """``h[k] = a*h[k] + b`` over steps [start, stop), optionally writing states."""
+def _run_steps(lay, group, g, h, start, stop, write, block=1):
+    """``h[k] = a*h[k] + b`` over steps [start, stop), optionally writing states.
+
+    With ``block > 1`` (rows contiguous in L) the steps go in blocks of ``block``: each row's
+    block is loaded and stored with vector instructions through a small tile in registers/L1,
+    and the interleaved chains run on the tile.  Rows of a power-of-two L are 4 KiB apart, so
+    the plain interleaved loop keeps 3*group streams in the same L1 sets; whole-line tile
+    accesses avoid those conflict misses.
+    """
+    if block > 1 and lay.inner_extent == 1:
+        full = (stop - start) // block
+        with T.serial(0, full) as blk:
+            named("block", blk)
+            _run_block(lay, group, g, h, start + blk * block, block, write)
+        start = start + full * block
     with T.serial(start, stop) as s:
         named("step", s)
         with _group_loop(lay, group) as k:
@@ -82,20 +95,43 @@ def _run_steps(lay, group, g, h, start, stop, write):
                 lay.store_state(coords, t, h[k])
 
 
-def _lanes(lay, group):
+def _run_block(lay, group, g, h, first_step, block, write):
+    """Steps [first_step, first_step + block) of ``group`` rows through a tile."""
+    reverse = lay.spec.reverse
+    t0 = lay.length - first_step - block if reverse else first_step  # lowest time in the block
+    ta = named("tile_a", T.alloc_buffer((group, block), "float32", scope="local"))
+    tb = named("tile_b", T.alloc_buffer((group, block), "float32", scope="local"))
+    rows = [lay.coords(_lane(lay, group, g, k)) for k in range(group)]
+    for k in range(group):
+        with T.vectorized(0, block) as j:
+            a, b = lay.load_pair(rows[k], t0 + j)
+            T.buffer_store(ta, a, [k, j])
+            T.buffer_store(tb, b, [k, j])
+    with T.serial(0, block) as j:
+        jj = block - 1 - j if reverse else j
+        with T.unroll(0, group) as k:
+            T.buffer_store(h, apply((ta[k, jj], tb[k, jj]), h[k]), [k])
+            T.buffer_store(tb, h[k], [k, jj])
+    if write:
+        for k in range(group):
+            with T.vectorized(0, block) as j:
+                lay.store_state(rows[k], t0 + j, tb[k, j])
+
+
+def _lanes(lay, group, block):
     n_groups = -(-lay.lanes // group)
     with T.parallel(0, n_groups) as g:
         named("group", g)
         h = named("h", T.alloc_buffer((group,), "float32", scope="local"))
         with _group_loop(lay, group) as k:
             T.buffer_store(h, lay.load_h0(lay.coords(_lane(lay, group, g, k))), [k])
-        _run_steps(lay, group, g, h, 0, lay.length, True)
+        _run_steps(lay, group, g, h, 0, lay.length, True, block)
         if lay.last is not None:
             with _group_loop(lay, group) as k:
                 lay.store_last(lay.coords(_lane(lay, group, g, k)), h[k])
 
 
-def _chunked(lay, group, chunks):
+def _chunked(lay, group, chunks, block):
     n_groups = -(-lay.lanes // group)
     size = (lay.length + chunks - 1) // chunks
 
@@ -139,7 +175,7 @@ def _chunked(lay, group, chunks):
         with _group_loop(lay, group) as k:
             T.buffer_store(h, carry_in[g, c, k], [k])
         lo, hi = bounds(c)
-        _run_steps(lay, group, g, h, lo, hi, lay.states is not None)
+        _run_steps(lay, group, g, h, lo, hi, lay.states is not None, block)
         if lay.last is not None:
             with T.If(c == chunks - 1):
                 with T.Then():
