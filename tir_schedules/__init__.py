@@ -14,6 +14,19 @@ REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu)}
 
 
+def host_target():
+    """The LLVM target for this machine's CPU (plain ``"llvm"`` means generic x86-64: SSE2 only)."""
+    from tvm.target import codegen
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+
+
+def resolve_target(target):
+    """A ``tvm.target.Target``; a bare ``"llvm"`` becomes the host CPU's target."""
+    if isinstance(target, str) and target == "llvm":
+        return host_target()
+    return tvm.target.Target(target)
+
+
 def target_kind(target):
     """``"cuda"`` or ``"cpu"`` for a target given as str, dict or ``tvm.target.Target``."""
     kind = tvm.target.Target(target).kind.name
@@ -53,6 +66,8 @@ def realize(spec, target="llvm", schedule=None, **config):
 
 
 def build(spec, target="llvm", schedule=None, **config):
-    """Compile ``realize(...)`` with TVM; returns the runtime module (function ``scanweaver_scan``)."""
+    """Compile ``realize(...)`` with TVM; returns the runtime module (function ``scanweaver_scan``).
+
+    ``"llvm"`` builds for the host CPU (AVX2/AVX-512 where present)."""
     func = realize(spec, target, schedule, **config)
-    return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=tvm.target.Target(target)).mod
+    return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=resolve_target(target)).mod

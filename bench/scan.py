@@ -1,0 +1,259 @@
+"""Side-by-side CPU benchmark of our scans against the anchors, in one run.
+
+    python -m bench.scan [--quick] [--only plain|selective|sweep] [--out bench/out]
+
+Plain affine scan at (1, 1536, 1024), an L sweep 128..65536, and the selective scan at
+(1, 1536, 1024, N=16).  Every method is checked once against the float64 reference, then
+timed (median of repeats, ms).  Writes ``scan.json`` and ``scan.md`` into ``--out``.
+Our TVM realizations come in through ``ours()``; their rows are skipped with a note while
+``tir_schedules.build`` does not exist.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import namedtuple
+
+import numpy as np
+
+from . import anchors, rel_err, time_ms
+from scanweaver_tvm import reference
+
+PLAIN_SHAPE = (1, 1536, 1024)
+SELECTIVE_SHAPE = (1, 1536, 1024, 16)                  # (batch, dim, L, N)
+SWEEP = [(1536, 128 << k) for k in range(6)] + [(256, 8192), (256, 16384), (128, 32768), (64, 65536)]
+QUICK = {"plain": (1, 64, 256), "selective": (1, 64, 256, 16),
+         "sweep": [(64, 128), (64, 1024), (16, 4096)]}
+TOL = 1e-4                                             # max rel. error vs the float64 oracle
+SELECTIVE_ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+OURS = "ours (TVM)"
+
+# run() -> output; timer() -> {"ms", "min_ms", "n"}, or None to time run() with time_ms.
+Method = namedtuple("Method", "run timer", defaults=(None,))
+
+
+def ours(spec_kind, arrays):
+    """Our TVM realization of ``spec_kind`` ("plain" or "selective") as a ``Method``, or a
+    string saying why it is unavailable.  Plain ``arrays`` is ``(a, b)``, selective a dict."""
+    try:
+        import tir_schedules
+        build = tir_schedules.build
+    except (ImportError, AttributeError) as e:
+        return f"tir_schedules.build is not available ({e})"
+    import tvm
+    from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+
+    if spec_kind == "plain":
+        a, b = arrays
+        spec = AffineScanSpec.create(b.shape)
+        host = [a, b, np.empty_like(b)]                 # (a, b, states_out)
+    else:
+        spec = SelectiveScanSpec.for_arrays(*(arrays[k] for k in SELECTIVE_ARGS[:5]),
+                                            D=arrays["D"], z=arrays["z"],
+                                            delta_bias=arrays["delta_bias"], delta_softplus=True)
+        host = [arrays[k] for k in SELECTIVE_ARGS] + [np.empty_like(arrays["u"])]
+    try:
+        mod = build(spec, target="llvm")
+    except NotImplementedError as e:
+        return f"tir_schedules.build has no {spec_kind} CPU realization ({e})"
+    if not hasattr(mod, "time_evaluator"):              # a tvm.compile Executable
+        mod = mod.jit()
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(x, dev) for x in host]
+    func = mod["scanweaver_scan"]
+    evaluator = mod.time_evaluator("scanweaver_scan", dev, number=1, repeat=7, min_repeat_ms=20)
+
+    def run():
+        func(*args)
+        return args[-1].numpy()
+
+    def timer():
+        res = [1e3 * t for t in evaluator(*args).results]
+        return {"ms": statistics.median(res), "min_ms": min(res), "n": len(res)}
+    return Method(run, timer)
+
+
+def measure(name, method, ref, budget_s):
+    """Check once against ``ref``, then time: ``{"ms", "min_ms", "n", "rel_err"[, "error"]}``."""
+    err = None
+    try:
+        err = rel_err(method.run(), ref)
+        if not err <= TOL:
+            raise AssertionError(f"relative error {err:.2e} exceeds {TOL:.0e}")
+        t = method.timer() if method.timer else time_ms(method.run, budget_s=budget_s, stats=True)
+    except Exception as e:  # one broken method must not sink the whole run
+        print(f"    {name:22s} FAILED: {type(e).__name__}: {e}", flush=True)
+        return {"ms": None, "rel_err": err, "error": f"{type(e).__name__}: {e}"}
+    print(f"    {name:22s} {t['ms']:10.3f} ms   (min {t['min_ms']:.3f}, n={t['n']})"
+          f"   rel err {err:.1e}", flush=True)
+    return {**t, "rel_err": err}
+
+
+def _row(shape, nbytes, bandwidth, methods, ref, notes, budget_s):
+    print(f"  shape {shape}", flush=True)
+    # The floor copies the same number of bytes as the scan moves, so a working set that stays
+    # in the last-level cache between repeats gets the cache's bandwidth, as the scans do;
+    # ``bandwidth`` (a 256 MB copy: DRAM) is kept only as the lower of the two.
+    same_size = anchors.copy_bandwidth(nbytes=max(nbytes // 2, 1 << 20))["best"]
+    floor = anchors.floor_ms(nbytes, max(bandwidth, same_size))
+    print(f"    {'memory floor':22s} {floor:10.3f} ms   ({nbytes / 1e6:.1f} MB moved, "
+          f"{max(bandwidth, same_size) / 1e9:.1f} GB/s)", flush=True)
+    results = {}
+    for name, build in methods.items():
+        try:
+            method = build()
+        except Exception as e:  # a failed build is a failed cell, not a failed run
+            print(f"    {name:22s} FAILED to build: {type(e).__name__}: {e}", flush=True)
+            results[name] = {"ms": None, "rel_err": None, "error": f"{type(e).__name__}: {e}"}
+            continue
+        if isinstance(method, str):
+            notes.add(f"{name}: skipped, {method}")
+            print(f"    {name:22s} skipped: {method}", flush=True)
+            continue
+        results[name] = measure(name, method, ref, budget_s)
+    return {"shape": list(shape), "bytes": nbytes, "floor_ms": floor, "methods": results}
+
+
+def plain_row(shape, bandwidth, notes, budget_s):
+    a, b = anchors.plain_inputs(shape)
+    ref = reference.affine_scan(a, b)
+    methods = {name: (lambda f=f: Method(f(a, b))) for name, f in anchors.PLAIN.items()}
+    methods[OURS] = lambda: ours("plain", (a, b))
+    return _row(shape, anchors.plain_bytes(a, b), bandwidth, methods, ref, notes, budget_s)
+
+
+def selective_row(shape, bandwidth, notes, budget_s):
+    x = anchors.selective_inputs(*shape)
+    ref = reference.selective_scan(*(x[k] for k in SELECTIVE_ARGS[:5]), D=x["D"], z=x["z"],
+                                   delta_bias=x["delta_bias"], delta_softplus=True)
+    methods = {name: (lambda f=f: Method(f(x))) for name, f in anchors.SELECTIVE.items()}
+    methods[OURS] = lambda: ours("selective", x)
+    return _row(shape, anchors.selective_bytes(x), bandwidth, methods, ref, notes, budget_s)
+
+
+# ---------------------------------------------------------------- report
+
+def _ratios(row):
+    """``ours`` against the floor (x floor, >= 1 ideally ~1) and speedup over each anchor."""
+    ms = {k: v["ms"] for k, v in row["methods"].items() if v["ms"] is not None}
+    if OURS not in ms:
+        return {}
+    mine = ms.pop(OURS)
+    out = {"vs memory floor": mine / row["floor_ms"]}
+    out.update({f"speedup vs {k}": v / mine for k, v in ms.items()})
+    return out
+
+
+def _table(title, rows, shape_label):
+    names = list(dict.fromkeys(k for r in rows for k in r["methods"]))
+    ratio_names = list(dict.fromkeys(k for r in rows for k in r["ratios"]))
+    head = [shape_label, "memory floor"] + names + ratio_names
+    lines = [f"## {title}", "", "times in ms (median of repeats); ratios: ours / floor, anchor / ours", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = ["x".join(map(str, r["shape"])), f"{r['floor_ms']:.3f}"]
+        for n in names:
+            m = r["methods"].get(n)
+            cells.append("—" if m is None else ("fail" if m["ms"] is None else f"{m['ms']:.3f}"))
+        cells += [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "—" for k in ratio_names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def report(result):
+    bw = result["bandwidth"]
+    lines = ["# Scan benchmark (CPU)", "",
+             f"{result['machine']['cpu']}, {result['machine']['cores']} cores, "
+             f"{anchors.THREADS} threads, OMP_WAIT_POLICY={result['machine']['OMP_WAIT_POLICY']}.  "
+             "Copy bandwidth (read+write): "
+             + ", ".join(f"{k} thread(s) {v / 1e9:.1f} GB/s" for k, v in bw.items() if k != "best")
+             + f"; floor uses {bw['best'] / 1e9:.1f} GB/s.", ""]
+    sections = [("plain", "Plain affine scan", "B x D x L"),
+                ("sweep", "Plain affine scan, L sweep", "B x D x L"),
+                ("selective", "Selective scan (delta_softplus, D, z, delta_bias)", "B x D x L x N")]
+    for key, title, label in sections:
+        if result.get(key):
+            lines += _table(title, result[key], label)
+    if result["notes"]:
+        lines += ["Notes:", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    return "\n".join(lines)
+
+
+def _machine():
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "loadavg_1min_start": os.getloadavg()[0],
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    for mod in ("numpy", "torch", "numba", "jax", "tvm"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    return info
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
+    p.add_argument("--only", choices=("plain", "selective", "sweep"), action="append",
+                   help="run only this part (repeatable)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    p.add_argument("--budget", type=float, default=5.0, help="seconds of timing per method")
+    args = p.parse_args(argv)
+    parts = args.only or ["plain", "sweep", "selective"]
+    budget = 0.5 if args.quick else args.budget
+    t0 = time.perf_counter()
+
+    machine = _machine()
+    print("copy bandwidth ...", flush=True)
+    bw = anchors.copy_bandwidth(nbytes=(64 << 20) if args.quick else (256 << 20))
+    print("  " + ", ".join(f"{k}: {v / 1e9:.1f} GB/s" for k, v in bw.items()), flush=True)
+    notes, done = set(), {}
+    result = {"machine": machine, "bandwidth": bw, "tol": TOL}
+
+    def plain(shape):  # the headline shape is also a sweep point: measure it once
+        if shape not in done:
+            done[shape] = plain_row(shape, bw["best"], notes, budget)
+        return done[shape]
+
+    if "plain" in parts:
+        print("plain affine scan", flush=True)
+        result["plain"] = [plain(QUICK["plain"] if args.quick else PLAIN_SHAPE)]
+    if "sweep" in parts:
+        print("plain affine scan, L sweep", flush=True)
+        result["sweep"] = [plain((1, d, l)) for d, l in (QUICK["sweep"] if args.quick else SWEEP)]
+    if "selective" in parts:
+        print("selective scan", flush=True)
+        result["selective"] = [selective_row(QUICK["selective"] if args.quick else SELECTIVE_SHAPE,
+                                             bw["best"], notes, budget)]
+    for key in ("plain", "sweep", "selective"):
+        for row in result.get(key, []):
+            row["ratios"] = _ratios(row)
+    load = os.getloadavg()[0]
+    result["machine"]["loadavg_1min_end"] = load
+    if max(load, result["machine"]["loadavg_1min_start"]) > 0.5:
+        notes.add(f"the machine was busy (1-min load average {result['machine']['loadavg_1min_start']:.1f}"
+                  f" at start, {load:.1f} at end): parallel rows suffer most")
+    result["notes"] = sorted(notes)
+    result["seconds"] = time.perf_counter() - t0
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "scan.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    md = report(result)
+    with open(os.path.join(args.out, "scan.md"), "w") as f:
+        f.write(md)
+    print("\n" + md)
+    print(f"wrote {args.out}/scan.json and scan.md in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
