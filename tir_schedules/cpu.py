@@ -4,7 +4,9 @@ Sequential along L inside a lane is already work-optimal on a CPU; what matters 
 multiply-add chain never stalls and memory streams.  So lanes are processed in groups of
 ``group`` lanes per step: when the axis is not innermost the group is contiguous in memory and
 the step is one vector instruction; when L is innermost the group is ``group`` interleaved
-rows (unrolled, independent chains, each row's cache line reused for 16 steps).  Groups run in
+rows (unrolled, independent chains, each row's cache line reused for 16 steps).  (Tiling
+rows through a transposed block for vector loads was tried and measured slower on Zen 3:
+the in-register transposes cost more than the strided scalar loads.)  Groups run in
 parallel across cores.  When lanes are too few to keep the cores busy, L is cut into ``chunks``:
 each chunk's aggregate pair is composed first (in parallel), the chunk carries are scanned, and
 the chunks are replayed from their carries (in parallel): 5 passes over memory instead of 3,
@@ -29,20 +31,21 @@ def applies(spec):
 
 
 def default_config(spec, cores=2):
-    """Vector groups over a contiguous inner axis, 8 interleaved rows otherwise; chunk L
-    only when there are fewer groups than 2 per core and L is long."""
+    """Vector groups over a contiguous inner axis, 4 interleaved rows otherwise (4 FMA chains
+    hide the latency; more rows of a power-of-two L thrash L1 sets, measured on Zen 3);
+    chunk L only when there are fewer groups than 2 per core and L is long."""
     inner = spec.inner
-    group = next((v for v in (16, 8, 4, 2) if inner % v == 0), 1) if inner > 1 else 8
+    group = next((v for v in (16, 8, 4, 2) if inner % v == 0), 1) if inner > 1 else 4
     group = min(group, spec.lanes) if inner == 1 else group
     groups = -(-spec.lanes // group)
     length = spec.length or 0
     chunks = 1
     if groups < 2 * cores and length >= 4096:
         chunks = min(64, max(2, (4 * cores) // groups))
-    return {"group": group, "chunks": chunks, "block": 16 if inner == 1 else 1}
+    return {"group": group, "chunks": chunks}
 
 
-def generate(spec: AffineScanSpec, group=8, chunks=1, block=16):
+def generate(spec: AffineScanSpec, group=4, chunks=1):
     """The scheduled PrimFunc ``scanweaver_scan`` for ``spec``."""
     with IRBuilder() as ib:
         with T.prim_func():
@@ -51,9 +54,9 @@ def generate(spec: AffineScanSpec, group=8, chunks=1, block=16):
             lay = ScanLayout(spec)
             lay.declare_views()
             if chunks > 1:
-                _chunked(lay, group, chunks, block)
+                _chunked(lay, group, chunks)
             else:
-                _lanes(lay, group, block)
+                _lanes(lay, group)
     return ib.get()
 
 
@@ -69,21 +72,8 @@ def _lane(lay, group, g, k):
     return lane if lay.lanes % group == 0 else tirx.min(lane, lay.lanes - 1)
 
 
-def _run_steps(lay, group, g, h, start, stop, write, block=1):
-    """``h[k] = a*h[k] + b`` over steps [start, stop), optionally writing states.
-
-    With ``block > 1`` (rows contiguous in L) the steps go in blocks of ``block``: each row's
-    block is loaded and stored with vector instructions through a small tile in registers/L1,
-    and the interleaved chains run on the tile.  Rows of a power-of-two L are 4 KiB apart, so
-    the plain interleaved loop keeps 3*group streams in the same L1 sets; whole-line tile
-    accesses avoid those conflict misses.
-    """
-    if block > 1 and lay.inner_extent == 1:
-        full = (stop - start) // block
-        with T.serial(0, full) as blk:
-            named("block", blk)
-            _run_block(lay, group, g, h, start + blk * block, block, write)
-        start = start + full * block
+def _run_steps(lay, group, g, h, start, stop, write):
+    """``h[k] = a*h[k] + b`` over steps [start, stop), optionally writing states."""
     with T.serial(start, stop) as s:
         named("step", s)
         with _group_loop(lay, group) as k:
@@ -95,43 +85,20 @@ def _run_steps(lay, group, g, h, start, stop, write, block=1):
                 lay.store_state(coords, t, h[k])
 
 
-def _run_block(lay, group, g, h, first_step, block, write):
-    """Steps [first_step, first_step + block) of ``group`` rows through a tile."""
-    reverse = lay.spec.reverse
-    t0 = lay.length - first_step - block if reverse else first_step  # lowest time in the block
-    ta = named("tile_a", T.alloc_buffer((group, block), "float32", scope="local"))
-    tb = named("tile_b", T.alloc_buffer((group, block), "float32", scope="local"))
-    rows = [lay.coords(_lane(lay, group, g, k)) for k in range(group)]
-    for k in range(group):
-        with T.vectorized(0, block) as j:
-            a, b = lay.load_pair(rows[k], t0 + j)
-            T.buffer_store(ta, a, [k, j])
-            T.buffer_store(tb, b, [k, j])
-    with T.serial(0, block) as j:
-        jj = block - 1 - j if reverse else j
-        with T.unroll(0, group) as k:
-            T.buffer_store(h, apply((ta[k, jj], tb[k, jj]), h[k]), [k])
-            T.buffer_store(tb, h[k], [k, jj])
-    if write:
-        for k in range(group):
-            with T.vectorized(0, block) as j:
-                lay.store_state(rows[k], t0 + j, tb[k, j])
-
-
-def _lanes(lay, group, block):
+def _lanes(lay, group):
     n_groups = -(-lay.lanes // group)
     with T.parallel(0, n_groups) as g:
         named("group", g)
         h = named("h", T.alloc_buffer((group,), "float32", scope="local"))
         with _group_loop(lay, group) as k:
             T.buffer_store(h, lay.load_h0(lay.coords(_lane(lay, group, g, k))), [k])
-        _run_steps(lay, group, g, h, 0, lay.length, True, block)
+        _run_steps(lay, group, g, h, 0, lay.length, True)
         if lay.last is not None:
             with _group_loop(lay, group) as k:
                 lay.store_last(lay.coords(_lane(lay, group, g, k)), h[k])
 
 
-def _chunked(lay, group, chunks, block):
+def _chunked(lay, group, chunks):
     n_groups = -(-lay.lanes // group)
     size = (lay.length + chunks - 1) // chunks
 
@@ -175,7 +142,7 @@ def _chunked(lay, group, chunks, block):
         with _group_loop(lay, group) as k:
             T.buffer_store(h, carry_in[g, c, k], [k])
         lo, hi = bounds(c)
-        _run_steps(lay, group, g, h, lo, hi, lay.states is not None, block)
+        _run_steps(lay, group, g, h, lo, hi, lay.states is not None)
         if lay.last is not None:
             with T.If(c == chunks - 1):
                 with T.Then():
