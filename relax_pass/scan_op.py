@@ -41,7 +41,8 @@ def output_types(spec):
 
 
 def make_scan(spec, operands):
-    """The Relax call of a scan on ``operands`` (the PrimFunc's inputs, in order)."""
+    """The Relax call of a scan on ``operands`` (the PrimFunc's inputs, in order, with the
+    spec's shapes: ``a`` already at b's rank, ``spec.a_shape``)."""
     callee = "scanweaver.affine_scan" if isinstance(spec, AffineScanSpec) else "scanweaver.selective_scan"
     types = output_types(spec)
     ty = types[0] if len(types) == 1 else relax.TupleType(types)

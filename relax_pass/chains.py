@@ -1,0 +1,183 @@
+"""Find unrolled affine recurrences (chains of steps) in one Relax function.
+
+A chain is a sequence of step bindings ``h_t = a_t*h_{t-1} + b_t`` (see ``steps.py``) whose
+coefficient templates are equal and whose slice index moves by +1 (forward) or -1 (reverse)
+per step.  Near misses (a non-affine op between steps, a coefficient that depends on the
+state, mixed or skipped indices) are reported with the reason and never rewritten.
+"""
+from dataclasses import dataclass, field
+
+from tvm import relax
+
+from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
+
+MIN_STEPS = 2
+
+
+@dataclass
+class Recurrence:
+    """One recurrence found in a function (what ``find_recurrences`` returns).
+
+    ``axis`` is the scan axis of the stacked ``(..., L, ...)`` tensors, ``bindings`` the names
+    of the step bindings it covers; rejected near misses carry ``reason``.
+    """
+
+    function: str
+    form: str
+    length: int
+    axis: int
+    reverse: bool
+    state_shape: tuple
+    dtype: str
+    bindings: tuple
+    rejected: bool = False
+    reason: str = ""
+    # the plan the rewrite follows (not part of the report)
+    states: list = field(default_factory=list, repr=False)     # state vars in execution order
+    initial: object = field(default=None, repr=False)           # h0 var, or None for zeros
+    a: object = field(default=None, repr=False)                 # first step's coefficient exprs
+    b: object = field(default=None, repr=False)
+    indices: tuple = field(default=(), repr=False)              # slice index of each state
+    analysis: object = field(default=None, repr=False)
+
+
+def _mentions(key, var):
+    if isinstance(key, tuple):
+        return any(_mentions(k, var) for k in key)
+    return key is var or (isinstance(key, relax.Var) and key.same_as(var))
+
+
+def find_chains(function_name, bindings):
+    """All recurrences (accepted and rejected) among ``bindings`` (one binding block)."""
+    an = Analysis(bindings)
+    order = [b.var for b in bindings if isinstance(b, relax.VarBinding)]
+    cands = {}
+    for v in order:
+        readings = [(p, a, b, an.template(a), an.template(b)) for p, a, b in an.step_candidates(v)]
+        if readings:
+            cands[v] = readings
+
+    def keys(reading):
+        return reading[3].key, reading[4].key
+
+    # link each step to the previous one: a reading whose state is a step with equal templates
+    link, taken = {}, set()
+    for v in order:
+        for reading in cands.get(v, ()):
+            p = reading[0]
+            if p in cands and p not in taken and any(keys(r) == keys(reading) for r in cands[p]):
+                link[v] = reading
+                taken.add(p)
+                break
+    found = []
+    linked_to = {r[0]: v for v, r in link.items()}
+    for v in order:
+        if v in link or v not in cands:
+            continue
+        if v in linked_to:  # v starts a chain: its own reading is the one matching its successor
+            succ_keys = keys(link[linked_to[v]])
+            first = next(r for r in cands[v] if keys(r) == succ_keys)
+            steps, readings = [v], [first]
+            while steps[-1] in linked_to:
+                nxt = linked_to[steps[-1]]
+                steps.append(nxt)
+                readings.append(link[nxt])
+            found.append(_chain(function_name, an, steps, readings))
+        else:
+            reason = _near_miss(an, cands, v)
+            if reason:
+                found.append(_rejected(function_name, [v], reason))
+    return found
+
+
+def _near_miss(an, cands, v):
+    """Why a lone step is not part of a chain, when it looks like one that was meant to be."""
+    for p, a, b, ta, tb in cands[v]:
+        if ta.index is None and tb.index is None:
+            continue  # no per-step input: not a recurrence over time
+        if p in cands and (_mentions(ta.key, p) or _mentions(tb.key, p)):
+            return f"step {v.name}: its coefficient depends on the state {p.name} (not affine in h)"
+        value = an.value.get(p)
+        name = op_name(value)
+        if name and name != "relax.add":
+            # the state passed through another op, from a step that looks like this one
+            inner = [x for x in value.args if isinstance(x, relax.Var) and x in cands
+                     and any((r[3].key, r[4].key) == (ta.key, tb.key) for r in cands[x])]
+            if inner:
+                return (f"step {v.name}: the state {inner[0].name} goes through {name} "
+                        f"({p.name}) before this step: not affine in h")
+    return None
+
+
+def _rejected(function_name, steps, reason):
+    v = steps[0]
+    return Recurrence(function_name, "affine", len(steps), -1, False, tensor_shape(v), tensor_dtype(v),
+                      tuple(s.name for s in steps), rejected=True, reason=reason)
+
+
+def _chain(function_name, an, steps, readings):
+    names = [s.name for s in steps]
+    indices = []
+    for s, (_, _, _, ta, tb) in zip(steps, readings):
+        idx = {t.index for t in (ta, tb) if t.index is not None}
+        if "mixed" in idx or len(idx) > 1:
+            return _rejected(function_name, steps, f"step {s.name} reads different time indices {sorted(map(str, idx))}")
+        if not idx:
+            return _rejected(function_name, steps, f"step {s.name} has no per-step input (no take of a time index)")
+        indices.append(idx.pop())
+    if len(steps) < MIN_STEPS:
+        return _rejected(function_name, steps, f"only {len(steps)} step(s)")
+    deltas = {j - i for i, j in zip(indices, indices[1:])}
+    if deltas not in ({1}, {-1}):
+        return _rejected(function_name, steps, f"time indices are not consecutive: {indices[:8]}{'...' if len(indices) > 8 else ''}")
+    direction = deltas.pop()
+    shape, dtype = tensor_shape(steps[0]), tensor_dtype(steps[0])
+    if shape is None:
+        return _rejected(function_name, steps, "the state has a symbolic shape")
+    p0, a0, b0, _, tb = readings[0]
+    initial = None if an.is_zeros(p0) else p0
+    states = list(steps)
+    t_prev = an.template(p0) if isinstance(p0, relax.Var) else None
+    if initial is not None and t_prev is not None and t_prev.key == tb.key and t_prev.index == indices[0] - direction:
+        states.insert(0, p0)              # h_0 = b_0: the same as a step from zero
+        indices.insert(0, indices[0] - direction)
+        initial = None
+    if a0 is not ONE and tensor_dtype(a0) not in ("", dtype):
+        return _rejected(function_name, steps, f"coefficient dtype {tensor_dtype(a0)} differs from the state's {dtype}")
+    axis = _scan_axis(an, (a0, b0), len(shape))
+    if isinstance(axis, str):
+        return _rejected(function_name, steps, axis)
+    return Recurrence(function_name, "affine", len(states), axis, direction < 0, shape, dtype, tuple(names),
+                      states=states, initial=initial, a=a0, b=b0, indices=tuple(indices), analysis=an)
+
+
+def _scan_axis(an, exprs, rank):
+    """The L axis of the stacked tensors: every slice must have the same number of dims after
+    its sliced axis (then the unsliced tensors line up when broadcast); else a reason."""
+    after = set()
+
+    def visit(expr):
+        if not isinstance(expr, relax.Var):
+            return
+        value = an.value.get(expr)
+        key = an.template(expr).key
+        if key[0] == "slice":
+            x_shape = tensor_shape(key[1])
+            if x_shape is None:
+                after.add("symbolic")
+            else:
+                after.add(len(x_shape) - 1 - key[2])
+        elif key[0] == "op" and an.template(expr).index is not None:
+            for arg in value.args:
+                visit(arg)
+
+    for e in exprs:
+        visit(e)
+    if "symbolic" in after:
+        return "a sliced tensor has a symbolic shape"
+    if len(after) != 1:
+        return f"slices are taken along axes that do not line up ({sorted(after)} dims after the axis)"
+    rho = after.pop()
+    if rho > rank:
+        return "a slice has more dims after its axis than the state has"
+    return rank - rho

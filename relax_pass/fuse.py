@@ -1,0 +1,210 @@
+"""FuseAffineRecurrences: replace each unrolled affine recurrence with one ScanWeaver scan.
+
+Put it first in a ``relax.transform`` pipeline, right after import (``sw.pipeline`` does).
+For every chain found by ``chains.find_chains`` it emits, at the chain's first step:
+the whole-sequence coefficients (the step's elementwise template applied to the unsliced
+tensors), one ``scanweaver.affine_scan`` call, and what the rest of the graph used: the stacked
+states replace the ``concat`` that gathered the steps, the final state replaces uses of the
+last step, and any other use of an intermediate state reads its slice of the scan's output.
+Nothing else changes; the dead per-step bindings are then removed by DeadCodeElimination.
+Chains it is unsure of are left exactly as they were (``find_recurrences`` says why).
+"""
+import numpy as np
+import tvm
+from tvm import relax
+
+from scanweaver_tvm.spec import AffineScanSpec
+
+from .chains import find_chains
+from .scan_op import make_scan
+from .steps import ONE, op_name, tensor_shape
+
+
+def analyze(mod):
+    """All recurrences of every Relax function in ``mod``, accepted and rejected."""
+    found = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            found.extend(find_chains(gvar.name_hint, block.bindings))
+    return found
+
+
+def _users(func):
+    """var -> names of the bindings (or ``"return"``) that use it."""
+    users = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            for v in relax.analysis.free_vars(b.value):
+                users.setdefault(v, []).append(b.var)
+    for v in relax.analysis.free_vars(func.body.body):
+        users.setdefault(v, []).append("return")
+    return users
+
+
+class _Plan:
+    """What to emit for one accepted chain, and which bindings it replaces."""
+
+    def __init__(self, rec, users, value):
+        self.rec = rec
+        states = rec.states
+        first = min(rec.indices)
+        self.position = {s: i - first for s, i in zip(states, rec.indices)}
+        self.start = min(rec.indices)
+        internal = set()
+        for step in states[1:]:
+            for arg in value[step].args:        # the term holding the previous state
+                internal.add(arg)
+        self.concats = {}                       # concat var -> (axis, expanded, increasing)
+        for v, val in value.items():
+            if op_name(val) == "relax.concat":
+                got = self._stacking(val, value, users)
+                if got is not None:
+                    self.concats[v] = got
+        consumed = {f for c in self.concats for f in value[c].args[0].fields} | set(self.concats)
+        self.external = {}
+        for s in states:
+            uses = [u for u in users.get(s, []) if u not in internal and u not in consumed]
+            # a state's own step binding is "internal" when it holds the next step's term
+            uses = [u for u in uses if not (u in value and u in states)]
+            if uses:
+                self.external[s] = uses
+        self.last = states[-1]
+        self.need_states = bool(self.concats) or any(s is not self.last for s in self.external)
+        self.need_last = self.last in self.external
+
+    def _stacking(self, concat, value, users):
+        fields = concat.args[0].fields
+        states, expand_axes = [], set()
+        for f in fields:
+            inner = value.get(f)
+            if op_name(inner) == "relax.expand_dims" and len(inner.attrs.axis) == 1 and users.get(f) == [None] * 0 + users.get(f, []) and len(users.get(f, [])) == 1:
+                expand_axes.add(int(inner.attrs.axis[0]))
+                f = inner.args[0]
+            else:
+                expand_axes.add(None)
+            states.append(f)
+        if len(expand_axes) != 1 or len(states) != len(self.rec.states) or set(states) != set(self.rec.states):
+            return None
+        order = [self.position[s] for s in states]
+        n = len(order)
+        if order == list(range(n)):
+            increasing = True
+        elif order == list(range(n - 1, -1, -1)):
+            increasing = False
+        else:
+            return None
+        return int(concat.attrs.axis), expand_axes.pop() is not None, increasing
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod, plans):
+        super().__init__(mod)
+        self.plans = plans          # first state var -> _Plan
+        self.dropped = set()
+
+    def visit_var_binding_(self, binding):
+        plan = self.plans.get(binding.var)
+        if plan is not None:
+            self._emit(plan)
+        if binding.var in self.dropped:
+            return
+        super().visit_var_binding_(binding)
+
+    # -- emission ----------------------------------------------------------------------------
+    def _emit(self, plan):
+        rec, bb = plan.rec, self.builder_
+        rank, axis = len(rec.state_shape), rec.axis
+        full_shape = rec.state_shape[:axis] + (rec.length,) + rec.state_shape[axis:]
+        a = self._vectorize(rec, rec.a, rank)
+        if a is ONE:
+            a = relax.const(np.ones((1,) * (rank + 1), dtype=rec.dtype), rec.dtype)
+        b = self._vectorize(rec, rec.b, rank)
+        if tensor_shape(b) != full_shape:
+            b = bb.emit(relax.op.broadcast_to(b, full_shape))
+        outputs = tuple(k for k, need in (("states", plan.need_states), ("last", plan.need_last)) if need)
+        spec = AffineScanSpec.create(full_shape, tensor_shape(a), axis, rec.reverse, rec.initial is not None,
+                                     rec.dtype, outputs)
+        if tensor_shape(a) != spec.a_shape:         # the kernel takes a at b's rank
+            a = bb.emit(relax.op.reshape(a, spec.a_shape))
+        operands = [a, b] + ([self.visit_expr(rec.initial)] if rec.initial is not None else [])
+        scan = bb.emit(make_scan(spec, operands), "scan")
+        outs = {outputs[0]: scan} if len(outputs) == 1 else {
+            k: bb.emit(relax.TupleGetItem(scan, i)) for i, k in enumerate(outputs)}
+        for s, uses in plan.external.items():
+            if s is plan.last:
+                self._replace(s, outs["last"])
+            else:
+                pos = relax.const(plan.position[s], "int64")
+                self._replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
+        for c, (cat_axis, expanded, increasing) in plan.concats.items():
+            stacked = outs["states"]
+            if not increasing:
+                stacked = bb.emit(relax.op.flip(stacked, axis))
+            if not expanded:        # concat of unexpanded states: stack at cat_axis, then merge
+                pass
+            if cat_axis != axis:
+                perm = list(range(rank + 1))
+                perm.insert(cat_axis, perm.pop(axis))
+                stacked = bb.emit(relax.op.permute_dims(stacked, perm))
+            if not expanded:
+                stacked = bb.emit(relax.op.reshape(stacked, tensor_shape(c)))
+            self._replace(c, stacked)
+
+    def _replace(self, var, new):
+        self.set_var_remap(var, new)
+        self.dropped.add(var)
+
+    def _vectorize(self, rec, expr, rank):
+        """The whole-sequence tensor of a step coefficient (see module docstring)."""
+        if expr is ONE or not isinstance(expr, relax.Var):
+            return expr
+        an, bb = rec.analysis, self.builder_
+        t = an.template(expr)
+        rho = rank - rec.axis
+        if t.index is None:                         # loop-invariant: gets a unit L axis
+            inv = self.visit_expr(expr)
+            q = len(tensor_shape(inv) or ())
+            return bb.emit(relax.op.expand_dims(inv, q - rho)) if q > rho else inv
+        value = an.value[expr]
+        if t.key[0] == "slice":
+            x, x_axis = self.visit_expr(value.args[0]), int(value.attrs.axis)
+            lo, n = min(rec.indices), rec.length
+            if (lo, n) != (0, tensor_shape(x)[x_axis]):
+                x = bb.emit(relax.op.strided_slice(x, [x_axis], [lo], [lo + n]))
+            return x
+        args = [self._vectorize(rec, arg, rank) for arg in value.args]
+        return bb.emit(relax.Call(value.op, args, value.attrs))
+
+
+def rewrite(mod, recurrences):
+    """Apply the accepted ``recurrences`` (from ``analyze(mod)``) to ``mod``."""
+    by_function = {}
+    for rec in recurrences:
+        if not rec.rejected:
+            by_function.setdefault(rec.function, []).append(rec)
+    if not by_function:
+        return mod
+    for name, recs in by_function.items():
+        func = mod[name]
+        users = _users(func)
+        value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
+        plans = {}
+        for rec in recs:
+            plan = _Plan(rec, users, value)
+            if plan.need_states or plan.need_last:
+                plans[rec.states[0]] = plan
+        rewriter = _Rewriter(mod, plans)
+        mod[name] = rewriter.visit_expr(func)
+    entries = [g.name_hint for g, f in mod.functions_items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(mod)
+
+
+@tvm.transform.module_pass(opt_level=0, name="scanweaver.FuseAffineRecurrences")
+class FuseAffineRecurrences:
+    """Replace each affine recurrence found in the module's Relax functions by one scan."""
+
+    def transform_module(self, mod, _ctx):
+        return rewrite(mod, analyze(mod))

@@ -1,0 +1,131 @@
+"""Per-step structure of unrolled recurrences: which ``add`` bindings are affine steps, and the
+shape of their coefficients.
+
+A step is ``v = add(x, y)`` where one term is the previous state ``h`` (``a = 1``) or
+``multiply(h, a)`` in either order, and the other term is ``b``.  A coefficient's *template*
+is its expression tree with every ``take(X, const t, axis)`` replaced by the slot
+``("slice", X, axis)``: two steps of one recurrence have equal templates and differ only in
+``t``.  Templates are built once per variable (memoized), so detection is linear in the graph.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+# Ops applied elementwise (with broadcasting): a step's coefficient built from these over
+# slices can be computed for all steps at once by applying them to the unsliced tensors.
+ELEMENTWISE = {f"relax.{n}" for n in (
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "negative", "exp",
+    "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "square", "astype", "clip", "nn.silu",
+    "nn.softplus", "log1p", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "sign")}
+ONE = relax.const(1.0, "float32")
+
+
+def op_name(expr):
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
+def tensor_shape(expr):
+    """Static shape of a tensor-typed expression, or None."""
+    ty = getattr(expr, "ty", None)
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None:
+        return None
+    try:
+        return tuple(int(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+
+
+def tensor_dtype(expr):
+    return str(getattr(getattr(expr, "ty", None), "dtype", ""))
+
+
+def _const_scalar(expr):
+    if isinstance(expr, tvm.ir.expr.GenericConst):
+        data = expr.value.numpy()
+        if data.size == 1:
+            return data.reshape(()).item()
+    return None
+
+
+@dataclass(frozen=True)
+class Template:
+    """A coefficient's structure: ``key`` (hashable, equal across steps) and the step index
+    of its slices (``None`` when it has none: loop-invariant)."""
+
+    key: tuple
+    index: object = None        # int, None (no slice) or "mixed"
+
+
+class Analysis:
+    """Templates and step candidates over one function's bindings."""
+
+    def __init__(self, bindings):
+        self.value = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
+        self._templates = {}
+
+    # -- templates ---------------------------------------------------------------------------
+    def template(self, expr):
+        if isinstance(expr, relax.Var):
+            if expr not in self._templates:
+                self._templates[expr] = self._template_of_var(expr)
+            return self._templates[expr]
+        scalar = _const_scalar(expr)
+        if scalar is not None:
+            return Template(("const", scalar, tensor_dtype(expr)))
+        return Template(("expr", id(expr)))
+
+    def _template_of_var(self, var):
+        value = self.value.get(var)
+        name = op_name(value)
+        if name == "relax.take" and len(value.args) == 2:
+            t = _const_scalar(value.args[1])
+            if isinstance(t, int) and tensor_shape(value.args[1]) == ():
+                return Template(("slice", value.args[0], int(value.attrs.axis)), t)
+        if name in ELEMENTWISE:
+            children = [self.template(a) for a in value.args]
+            indices = {c.index for c in children if c.index is not None}
+            attrs = str(value.attrs) if value.attrs is not None else ""
+            key = ("op", name, attrs, tuple(c.key for c in children))
+            if not indices:
+                return Template(key)      # invariant, compared structurally
+            return Template(key, indices.pop() if len(indices) == 1 else "mixed")
+        return Template(("var", var))
+
+    # -- steps -------------------------------------------------------------------------------
+    def step_candidates(self, var):
+        """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b``."""
+        value = self.value.get(var)
+        if op_name(value) != "relax.add":
+            return []
+        shape, dtype = tensor_shape(var), tensor_dtype(var)
+
+        def is_state(x):
+            return isinstance(x, relax.Var) and tensor_shape(x) == shape and tensor_dtype(x) == dtype
+
+        out = []
+        x, y = value.args
+        for term, b in ((x, y), (y, x)):
+            if is_state(term):
+                out.append((term, ONE, b))
+            inner = self.value.get(term) if isinstance(term, relax.Var) else None
+            if op_name(inner) == "relax.multiply":
+                p, q = inner.args
+                for s, a in ((p, q), (q, p)):
+                    if is_state(s):
+                        out.append((s, a, b))
+        return out
+
+    def is_zeros(self, var):
+        """True when ``var`` is bound to a tensor of zeros (``full(.., 0)``, ``zeros``, a constant)."""
+        value = self.value.get(var, var)
+        name = op_name(value)
+        if name == "relax.zeros":
+            return True
+        if name == "relax.full":
+            return _const_scalar(value.args[1]) == 0
+        data = getattr(value, "value", None) if isinstance(value, tvm.ir.expr.GenericConst) else None
+        return data is not None and not np.any(data.numpy())
