@@ -32,6 +32,13 @@ class Recurrence:
     bindings: tuple
     rejected: bool = False
     reason: str = ""
+    def __repr__(self):
+        span = self.bindings[0] if len(self.bindings) == 1 else f"{self.bindings[0]}..{self.bindings[-1]}"
+        what = f"rejected: {self.reason}" if self.rejected else (
+            f"L={self.length} axis={self.axis} {'reverse' if self.reverse else 'forward'} "
+            f"state {self.state_shape} {self.dtype}")
+        return f"<{self.form} recurrence in {self.function} ({span}, {len(self.bindings)} bindings): {what}>"
+
     # the plan the rewrite follows (not part of the report)
     states: list = field(default_factory=list, repr=False)     # state vars in execution order
     initial: object = field(default=None, repr=False)           # h0 var, or None for zeros

@@ -2,8 +2,20 @@
 
 The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` describe a scan once for every
 stage; ``reference`` holds their float64 oracles; ``algebra`` the affine-pair composition.
+The model-level API (``from_torch``, ``from_onnx``, ``find_recurrences``,
+``FuseAffineRecurrences``, ``compile``, ``pipeline``) lives in ``api`` and is loaded on first
+use, because the lower layers import the spec from this package.
 """
 from . import algebra, reference
 from .spec import AffineScanSpec, SelectiveScanSpec
 
-__all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference"]
+_API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
+        "pipeline", "compile")
+__all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API]
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'scanweaver_tvm' has no attribute {name!r}")

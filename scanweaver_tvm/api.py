@@ -1,0 +1,73 @@
+"""The public API: import a model, find its recurrences, compile it with ScanWeaver scans."""
+import tvm
+from tvm import relax
+
+import tir_schedules
+from relax_pass.fuse import FuseAffineRecurrences, analyze
+from relax_pass.lower import LowerScans
+
+__all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
+           "pipeline", "compile"]
+
+
+def from_torch(model, example_args):
+    """``torch.export`` + TVM's Relax frontend, parameters kept as constants: ``main`` takes
+    exactly ``example_args``, in order, and returns what the model returns (as a tuple)."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        exported = torch.export.export(model, tuple(example_args))
+    return from_exported_program(exported, keep_params_as_input=False)
+
+
+def from_onnx(model):
+    """TVM's Relax ONNX frontend plus our ``Scan``/``Loop`` converters, then FoldConstant."""
+    from . import onnx_frontend
+
+    return onnx_frontend.from_onnx(model)
+
+
+def find_recurrences(mod, include_rejected=False):
+    """What ``FuseAffineRecurrences`` would rewrite in ``mod`` (``Recurrence`` items); with
+    ``include_rejected`` also the near misses it leaves alone (``.rejected``, ``.reason``)."""
+    return [r for r in analyze(mod) if include_rejected or not r.rejected]
+
+
+def _target(target):
+    return tir_schedules.resolve_target(target)
+
+
+def _default_pipeline(target):
+    if "gpu" in target.keys:
+        return relax.get_default_pipeline(target)
+    return relax.get_pipeline("default")
+
+
+def pipeline(target, realization="tir"):
+    """Our passes for ``target``: FuseAffineRecurrences then LowerScans.  Put it in front of
+    ``relax.get_default_pipeline(target)`` (``compile`` does exactly that)."""
+    target = _target(target)
+    return tvm.transform.Sequential([FuseAffineRecurrences(), LowerScans(target, realization)],
+                                    name="scanweaver")
+
+
+def compile(mod, target="llvm", realization="tir"):  # noqa: A001 (mirrors tvm.compile)
+    """Fuse recurrences, lower each scan with ``realization`` for ``target``, then TVM's default
+    pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU."""
+    target = _target(target)
+    seq = tvm.transform.Sequential([pipeline(target, realization), _default_pipeline(target)])
+    return tvm.compile(mod, target=target, relax_pipeline=seq)
+
+
+@relax.register_pipeline("scanweaver")
+def _registered_pipeline(realization="tir"):
+    """``tvm.compile(mod, target, relax_pipeline="scanweaver")``: the target comes from the
+    surrounding ``with target:`` that ``tvm.compile`` sets up."""
+
+    @tvm.transform.module_pass(opt_level=0, name="scanweaver.pipeline")
+    def _apply(mod, _ctx):
+        target = tvm.target.Target.current()
+        return tvm.transform.Sequential([pipeline(target, realization), _default_pipeline(target)])(mod)
+
+    return _apply
