@@ -159,12 +159,12 @@ class _Rewriter(relax.PyExprMutator):
 
     def _vectorize(self, rec, expr, rank):
         """The whole-sequence tensor of a step coefficient (see module docstring)."""
-        if expr is ONE or not isinstance(expr, relax.Var):
+        if expr is ONE:
             return expr
         an, bb = rec.analysis, self.builder_
         t = an.template(expr)
         rho = rank - rec.axis
-        if t.index is None:                         # loop-invariant: gets a unit L axis
+        if t.index is None:                         # loop-invariant (or a constant): a unit L axis
             inv = self.visit_expr(expr)
             q = len(tensor_shape(inv) or ())
             return bb.emit(relax.op.expand_dims(inv, q - rho)) if q > rho else inv

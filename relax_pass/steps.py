@@ -73,9 +73,10 @@ class Analysis:
             if expr not in self._templates:
                 self._templates[expr] = self._template_of_var(expr)
             return self._templates[expr]
-        scalar = _const_scalar(expr)
-        if scalar is not None:
-            return Template(("const", scalar, tensor_dtype(expr)))
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            # the frontends make a new constant node per use: compare constants by value
+            data = expr.value.numpy()
+            return Template(("const", data.shape, str(data.dtype), hash(data.tobytes())))
         return Template(("expr", id(expr)))
 
     def _template_of_var(self, var):

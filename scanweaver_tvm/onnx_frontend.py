@@ -1,23 +1,21 @@
 """ONNX -> Relax, with ONNX ``Scan`` and ``Loop`` recognized as ScanWeaver affine scans.
 
-TVM's relax ONNX frontend has no converter for ``Scan`` or ``Loop`` (OpNotImplemented).  A
-general loop cannot run as a parallel scan, but the common recurrence can: one loop-carried
-state updated as ``h = a*h + b`` where ``a`` and ``b`` are elementwise functions of the step's
-input slices and loop-invariant values.  Such a body is lifted from one step to the whole
-sequence (the same elementwise ops applied to the full inputs, scan axis kept, invariant
-operands given a unit axis there) and becomes one ``make_scan`` call.  Any other body raises
-``UnsupportedRecurrence`` (a ``ValueError``) naming the node and why, before TVM sees it.
+TVM's relax ONNX frontend has no converter for ``Scan`` or ``Loop``.  A general loop cannot
+run as a parallel scan, but the common recurrence can: one loop-carried state updated as
+``h = a*h + b``, ``a`` and ``b`` elementwise functions of the step's input slices and
+loop-invariant values.  Such a body is lifted from one step to the whole sequence (the same
+elementwise ops on the full inputs, scan axis kept, invariant operands given a unit axis there)
+and becomes one ``make_scan`` call.  Any other body raises ``UnsupportedRecurrence`` (a
+``ValueError``) naming the node and why, before TVM sees it.
 
-How it plugs in: TVM keeps its converter table in the module function ``_get_convert_map()``
-and offers no registration hook.  ``_Importer`` subclasses TVM's ``ONNXGraphImporter`` and
-overrides the table's two consumers: the unsupported-op check (run on the graph minus our ops)
-and ``_convert_operator`` (``Scan``/``Loop`` come here, everything else goes to TVM).  Nothing
-in TVM is patched, so ``tvm.relax.frontend.onnx.from_onnx`` itself is unaffected.
+How it plugs in: TVM keeps its converter table in ``_get_convert_map()``, with no registration
+hook.  ``_Importer`` subclasses TVM's ``ONNXGraphImporter`` and overrides the table's two users:
+the unsupported-op check (run on the graph minus Scan/Loop) and ``_convert_operator`` (Scan/Loop
+come here, the rest goes to TVM).  Nothing in TVM is patched; its own ``from_onnx`` is unchanged.
 """
 import contextlib
 import io
 import sys
-import warnings
 from collections import namedtuple
 from pathlib import Path
 
@@ -42,19 +40,20 @@ class UnsupportedRecurrence(ValueError):
     """A model, Scan or Loop that cannot be converted; the message names it and says why."""
 
 
-_Aff = namedtuple("_Aff", "a b")  # a state-dependent value a*h + b; a, b: 0, 1, -1 or a term
-# A term is (relax expr, varying): varying ones have the scan axis (canonical layout).
+def _fail(why):
+    raise UnsupportedRecurrence(why) from None  # the message says it all; no chained traceback
+
+
+# A state-dependent value a*h + b; a, b: 0, 1, -1 or a term (relax expr, varying), where
+# varying terms are whole sequences in canonical layout (see _Lifter).
+_Aff = namedtuple("_Aff", "a b")
 
 
 def from_onnx(model):
-    """Load ``model`` (path or ``onnx.ModelProto``), convert to Relax with ONNX ``Scan`` and
-    ``Loop`` as ScanWeaver scans, fold constants; return the IRModule."""
+    """Load ``model`` (path or ``onnx.ModelProto``), convert it with TVM's relax frontend plus
+    the ``Scan``/``Loop`` converters here, fold constants; return the IRModule."""
     model = _load(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    try:
-        onnx.checker.check_model(model)
-    except Exception as err:  # pylint: disable=broad-except  # as TVM: the checker is strict
-        warnings.warn(str(err))
     captured, ours = io.StringIO(), False
     try:
         with contextlib.redirect_stdout(captured):
@@ -70,22 +69,19 @@ def from_onnx(model):
 
 def _load(model):
     """The ModelProto; a missing, corrupt or truncated file is a ValueError naming it."""
-    if isinstance(model, onnx.ModelProto):
-        source = "the ONNX ModelProto"
-    else:
-        source = str(Path(model))
+    source = "the ONNX ModelProto"
+    if not isinstance(model, onnx.ModelProto):
+        source = str(model)
         if not Path(model).is_file():
-            raise UnsupportedRecurrence(f"{source}: no such ONNX file")
+            _fail(f"{source}: no such ONNX file")
         try:
             model = onnx.load(source)
         except Exception as err:  # pylint: disable=broad-except  # DecodeError, OSError, ...
-            raise UnsupportedRecurrence(f"{source}: not a readable ONNX model, corrupt or "
-                                        f"truncated ({type(err).__name__}: {err})") from None
+            _fail(f"{source}: not a readable ONNX model, corrupt or truncated "
+                  f"({type(err).__name__}: {err})")
     if not model.HasField("graph") or not model.opset_import or model.ir_version < 3:
-        raise UnsupportedRecurrence(
-            f"{source}: not a complete ONNX model (graph present: {model.HasField('graph')}, "
-            f"opset imports: {len(model.opset_import)}, ir_version: {model.ir_version}); "
-            "corrupt or truncated?")
+        _fail(f"{source}: not a complete ONNX model (graph: {model.HasField('graph')}, opset "
+              f"imports: {len(model.opset_import)}, ir_version: {model.ir_version}); truncated?")
     return model
 
 
@@ -93,8 +89,8 @@ class _Importer(_tvm_onnx.ONNXGraphImporter):
     """TVM's importer, with ``Scan`` and ``Loop`` converted here (see the module docstring)."""
 
     def _check_for_unsupported_ops(self, graph):
-        rest = onnx.GraphProto(node=[n for n in graph.node if n.op_type not in _CONVERTERS])
-        super()._check_for_unsupported_ops(rest)
+        super()._check_for_unsupported_ops(
+            onnx.GraphProto(node=[n for n in graph.node if n.op_type not in _CONVERTERS]))
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         if op_name not in _CONVERTERS:
@@ -107,12 +103,10 @@ def _shape(expr, what):
     try:
         return tuple(int(d) for d in expr.ty.shape)
     except (AttributeError, TypeError, ValueError):
-        raise UnsupportedRecurrence(f"{what}: needs a tensor of static shape, got "
-                                    f"{getattr(expr, 'ty', expr)}") from None
+        _fail(f"{what}: needs a static shape, got {expr.ty}")
 
 
-def _const(expr):
-    """The value of a constant expr as numpy, else None."""
+def _const(expr):  # the value of a constant as numpy, else None
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
 
 
@@ -122,39 +116,39 @@ def _is(x, k):
 
 class _Lifter:
     """Walks one loop body, tracking which values are a*h + b, per-step (lifted to the whole
-    sequence) or loop-invariant, and emits the scan.  Canonical layout of a varying tensor:
+    sequence) or loop-invariant, and emits the scan.  Canonical layout of a whole sequence:
     the state's shape with the length-L scan axis inserted at ``axis``."""
 
     def __init__(self, imp, where, h0, length, axis, reverse):
-        self.imp, self.bb, self.where = imp, imp.bb, where
-        self.h0, self.length, self.axis, self.reverse = h0, length, axis, reverse
-        self.state_shape = _shape(h0, f"{where}: the initial state")
-        self.dtype = h0.ty.dtype
+        self.imp, self.where, self.h0 = imp, where, h0
+        self.length, self.axis, self.reverse = length, axis, reverse
+        self.state_shape, self.dtype = _shape(h0, f"{where}: the initial state"), h0.ty.dtype
         self.env = {}
 
     def emit(self, expr):
-        return self.bb.emit(expr) if isinstance(expr, relax.Call) else expr
+        return self.imp.bb.emit(expr) if isinstance(expr, relax.Call) else expr
 
     def seq(self, x, axis, flip):
         """The full sequence ``x`` (scan axis ``axis``) in canonical layout."""
         shape, r = _shape(x, f"{self.where}: a scan input"), len(self.state_shape)
         if len(shape) - 1 > r:
-            raise UnsupportedRecurrence(f"{self.where}: a per-step slice has rank "
-                                        f"{len(shape) - 1}, above the state's rank {r}")
+            _fail(f"{self.where}: a slice of rank {len(shape) - 1} exceeds the state's rank {r}")
         if shape[axis] != self.length:  # Loop: only the first M entries are gathered
             x = self.emit(relax.op.strided_slice(x, [axis], [0], [self.length]))
         if flip:
             x = self.emit(relax.op.flip(x, axis))
-        if axis:
-            x = self.emit(relax.op.permute_dims(x, [axis] + [i for i in range(len(shape)) if i != axis]))
-        if r + 1 > len(shape):
-            x = self.emit(relax.op.expand_dims(x, list(range(1, r + 2 - len(shape)))))
-        if self.axis:
-            x = self.emit(relax.op.permute_dims(x, [*range(1, self.axis + 1), 0, *range(self.axis + 1, r + 1)]))
+        rest, pad = [i for i in range(len(shape)) if i != axis], r + 1 - len(shape)
+        perm = rest[:self.axis] + [axis] + rest[self.axis:]
+        if pad:  # L to the front, slice dims left-padded to the state's rank, L to self.axis
+            x = self.emit(relax.op.permute_dims(x, [axis] + rest)) if axis else x
+            x = self.emit(relax.op.expand_dims(x, list(range(1, 1 + pad))))
+            perm = [*range(1, self.axis + 1), 0, *range(self.axis + 1, r + 1)]
+        if perm != list(range(r + 1)):
+            x = self.emit(relax.op.permute_dims(x, perm))
         return x
 
     def lift(self, t):
-        """A number or term as an expr broadcasting in canonical layout."""
+        """A number or term as an expr that broadcasts against canonical layout."""
         if isinstance(t, (int, float)):
             return relax.const(float(t), self.dtype)
         expr, varying = t
@@ -162,8 +156,7 @@ class _Lifter:
         if varying or not shape:
             return expr
         if len(shape) > r:
-            raise UnsupportedRecurrence(f"{self.where}: a loop-invariant value of shape {shape} "
-                                        f"has a higher rank than the state {self.state_shape}")
+            _fail(f"{self.where}: a loop-invariant value {shape} outranks the state {self.state_shape}")
         shape = (1,) * (r - len(shape)) + shape
         return self.emit(relax.op.reshape(expr, shape[:self.axis] + (1,) + shape[self.axis:]))
 
@@ -172,26 +165,22 @@ class _Lifter:
         ex, ey = (self.lift(t) if varying or isinstance(t, (int, float)) else t[0] for t in (x, y))
         return (self.emit(fn(ex, ey)), varying)
 
-    def add(self, x, y, sign):  # x + sign*y, folding the 0 / 1 coefficients
-        if _is(y, 0):
-            return x
-        if _is(x, 0):
-            return self.mul(y, sign)
+    def add(self, x, y, sign):  # x + sign*y, folding zero coefficients
+        if _is(y, 0) or _is(x, 0):
+            return x if _is(y, 0) else self.mul(y, sign)
         return self.bin(relax.op.add if sign > 0 else relax.op.subtract, x, y)
 
-    def mul(self, x, y):
+    def mul(self, x, y):  # folding 0 and 1
         if _is(x, 0) or _is(y, 0):
             return 0
         return y if _is(x, 1) else x if _is(y, 1) else self.bin(relax.op.multiply, x, y)
 
     def value(self, name, what):
-        if name == "":
-            return None
-        if name in self.env:
-            return self.env[name]
+        if name in self.env or name == "":  # "": an omitted optional input
+            return self.env.get(name)
         if name in self.imp._nodes:  # outer scope: loop-invariant
             return (self.imp._nodes[name], False)
-        raise UnsupportedRecurrence(f"{what}: input '{name}' is not defined")
+        return _fail(f"{what}: input '{name}' is not defined")
 
     def walk(self, body):
         for init in body.initializer:
@@ -203,8 +192,7 @@ class _Lifter:
             except UnsupportedRecurrence:
                 raise
             except Exception as err:  # pylint: disable=broad-except  # a TVM converter failed
-                raise UnsupportedRecurrence(f"{what}: cannot be converted "
-                                            f"({type(err).__name__}: {err})") from err
+                raise UnsupportedRecurrence(f"{what}: {type(err).__name__}: {err}") from err
             for name, v in zip(node.output, out if isinstance(out, list) else [out]):
                 self.env[name] = v
 
@@ -215,14 +203,13 @@ class _Lifter:
         if op == "Gather" and len(args) == 2 and args[1] == "iter":
             return self.gather(node, args[0], what)
         if any(isinstance(a, str) for a in args):
-            raise UnsupportedRecurrence(f"{what}: uses the iteration number or condition; only "
-                                        "Gather(x, iteration_num) and Identity(cond) are supported")
+            _fail(f"{what}: uses the iteration number or condition; only Gather(x, "
+                  "iteration_num) and Identity(cond) are supported")
         if any(isinstance(a, _Aff) for a in args):
             return self.affine(op, args, what)
         varying = any(a is not None and a[1] for a in args)
         if varying and op not in ELEMENTWISE:
-            raise UnsupportedRecurrence(f"{what}: is not elementwise, so it cannot be applied "
-                                        "to the whole sequence at once")
+            _fail(f"{what}: is not elementwise, so it cannot run on the whole sequence at once")
         exprs = [None if a is None else self.lift(a) if varying else a[0] for a in args]
         attr = self.imp._parse_attr(node.attribute)
         attr["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
@@ -241,51 +228,45 @@ class _Lifter:
             return _Aff(self.add(f[0].a, f[1].a, sign), self.add(f[0].b, f[1].b, sign))
         if op == "Mul" and len(args) == 2:
             if all(isinstance(a, _Aff) for a in args):
-                raise UnsupportedRecurrence(f"{what}: multiplies two state-dependent values "
-                                            "(e.g. state*state, or a coefficient computed from "
-                                            "the state): not affine in the state")
+                _fail(f"{what}: multiplies two state-dependent values (state*state, or a "
+                      "coefficient computed from the state): not affine in the state")
             h, c = args if isinstance(args[0], _Aff) else args[::-1]
             return _Aff(self.mul(h.a, c), self.mul(h.b, c))
         if op == "Div" and len(args) == 2 and not isinstance(args[1], _Aff):
             div = lambda t: t if _is(t, 0) else self.bin(relax.op.divide, t, args[1])  # noqa: E731
             return _Aff(div(f[0].a), div(f[0].b))
-        raise UnsupportedRecurrence(
-            f"{what}: applies {op} to a state-dependent value; only a*state + b (Add, Sub, Neg, "
-            "Identity, Mul/Div by state-free values) converts to a scan")
+        return _fail(f"{what}: applies {op} to a state-dependent value; only a*state + b (Add, "
+                     "Sub, Neg, Identity, Mul/Div by state-free values) converts to a scan")
 
     def gather(self, node, data, what):
         """Loop: ``Gather(x, iteration_num, axis)`` of an outer tensor is a per-step slice."""
         if isinstance(data, (_Aff, str)) or data[1]:
-            raise UnsupportedRecurrence(f"{what}: gathers from a value computed in the loop")
+            _fail(f"{what}: gathers from a value computed in the loop")
         shape = _shape(data[0], what)
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shape)
         if shape[axis] < self.length:
-            raise UnsupportedRecurrence(f"{what}: gathers {self.length} steps from an axis of "
-                                        f"length {shape[axis]}")
+            _fail(f"{what}: gathers {self.length} steps from an axis of length {shape[axis]}")
         return (self.seq(data[0], axis, flip=False), True)
 
     def scan(self, new_state, collected, outputs):
-        """Emit the scan for body output ``new_state``; ``collected`` body outputs must be it
-        too.  ``outputs``: (axis, reverse) per collected output wanted.  Returns Relax values:
-        the final state, then the collected sequences."""
+        """Emit the scan of body output ``new_state``; the ``collected`` body outputs must be
+        it too, stacked per ``outputs`` (axis, reverse).  Returns the final state, then those."""
         v = self.value(new_state, self.where)
         for name in collected:
             if self.value(name, self.where) is not v:
-                raise UnsupportedRecurrence(f"{self.where}: scan output '{name}' is not the new "
-                                            "state; only the states themselves can be collected")
+                _fail(f"{self.where}: scan output '{name}' is not the new state; only the "
+                      "states themselves can be collected")
         if isinstance(v, str) or v is None:
-            raise UnsupportedRecurrence(f"{self.where}: the new state is not a tensor")
-        v = v if isinstance(v, _Aff) else _Aff(0, v)
+            _fail(f"{self.where}: the new state is not a tensor")
+        v = v if isinstance(v, _Aff) else _Aff(0, v)  # h = b: a is 0
         full = self.state_shape[:self.axis] + (self.length,) + self.state_shape[self.axis:]
         a, b = self.lift(v.a), self.lift(v.b)
         a_shape, b_shape = _shape(a, self.where), _shape(b, self.where)
         for name, t, shape in (("a", a, a_shape), ("b", b, b_shape)):
             if t.ty.dtype != self.dtype:
-                raise UnsupportedRecurrence(f"{self.where}: {name} has dtype {t.ty.dtype}, the "
-                                            f"state {self.dtype}")
+                _fail(f"{self.where}: {name} is {t.ty.dtype}, the state {self.dtype}")
             if len(shape) > len(full) or any(m not in (1, n) for m, n in zip(shape[::-1], full[::-1])):
-                raise UnsupportedRecurrence(f"{self.where}: {name} of shape {shape} does not "
-                                            f"broadcast to the state sequence {full}")
+                _fail(f"{self.where}: {name} of shape {shape} does not broadcast to {full}")
         if len(a_shape) < len(full):
             a = self.emit(relax.op.reshape(a, (1,) * (len(full) - len(a_shape)) + a_shape))
         if b_shape != full:
@@ -295,14 +276,14 @@ class _Lifter:
             spec = AffineScanSpec.create(full, _shape(a, self.where), self.axis, self.reverse,
                                          True, self.dtype, kinds)
         except ValueError as err:
-            raise UnsupportedRecurrence(f"{self.where}: {err}") from None
+            _fail(f"{self.where}: {err}")
         call = self.emit(make_scan(spec, [a, b, self.h0]))
         get = {k: call if len(kinds) == 1 else self.emit(relax.TupleGetItem(call, i))
                for i, k in enumerate(kinds)}
         results = [get["last"]]
         for axis, reverse in outputs:
             y = get["states"]
-            if reverse != self.reverse:  # ONNX stacks by iteration, we by position
+            if reverse != self.reverse:  # ONNX stacks by iteration, the scan by position
                 y = self.emit(relax.op.flip(y, self.axis))
             if axis != self.axis:
                 order = [i for i in range(len(full)) if i != self.axis]
@@ -314,21 +295,18 @@ class _Lifter:
 def _convert_scan(imp, inputs, attrs, opset, where):
     """ONNX Scan (opset >= 9) with one state and an affine body."""
     if opset < 9:
-        raise UnsupportedRecurrence(f"{where}: opset {opset} Scan (batch axis, sequence_lens) "
-                                    "is not supported; use opset >= 9")
+        _fail(f"{where}: opset {opset} Scan (batch axis, sequence_lens) is not supported")
     body, m = attrs["body"], attrs["num_scan_inputs"]
-    if len(inputs) - m != 1:
-        raise UnsupportedRecurrence(f"{where}: has {len(inputs) - m} loop-carried states; only "
-                                    "one state (h = a*h + b) converts to a scan")
-    if m < 1:
-        raise UnsupportedRecurrence(f"{where}: has no scan inputs, so no scan length")
+    if len(inputs) - m != 1 or m < 1:
+        _fail(f"{where}: has {len(inputs) - m} loop-carried states and {m} scan inputs; only one "
+              "state (h = a*h + b) over at least one scan input converts to a scan")
     h0, xs, k = inputs[0], inputs[1:], len(body.output) - 1
     shapes = [_shape(x, f"{where}: scan input {i}") for i, x in enumerate(xs)]
     in_axes = [ax % len(s) for ax, s in zip(attrs.get("scan_input_axes", (0,) * m), shapes)]
     in_dirs = [bool(d) for d in attrs.get("scan_input_directions", (0,) * m)]
     lengths = {s[ax] for s, ax in zip(shapes, in_axes)}
     if len(lengths) != 1:
-        raise UnsupportedRecurrence(f"{where}: scan inputs differ in length: {sorted(lengths)}")
+        _fail(f"{where}: scan inputs differ in length: {sorted(lengths)}")
     rank = len(_shape(h0, f"{where}: the initial state")) + 1
     out_axes = [ax % rank for ax in attrs.get("scan_output_axes", (0,) * k)]
     out_dirs = [bool(d) for d in attrs.get("scan_output_directions", (0,) * k)]
@@ -346,28 +324,25 @@ def _convert_scan(imp, inputs, attrs, opset, where):
 def _convert_loop(imp, inputs, attrs, opset, where):  # pylint: disable=unused-argument
     """ONNX Loop with a constant trip count, no early exit, one state h = a*h + b whose
     per-step operands are ``Gather(x, iteration_num, axis)`` of outer tensors."""
-    body, trip, cond, states = attrs["body"], inputs[0], inputs[1], inputs[2:]
+    body, trip, cond, states = attrs["body"], _const(inputs[0]), inputs[1], inputs[2:]
     if len(states) != 1:
-        raise UnsupportedRecurrence(f"{where}: has {len(states)} loop-carried states; only one "
-                                    "state (h = a*h + b) converts to a scan")
-    trip = _const(trip)
+        _fail(f"{where}: has {len(states)} loop-carried states; only one (h = a*h + b) "
+              "converts to a scan")
     if trip is None or trip.size != 1:
-        raise UnsupportedRecurrence(f"{where}: the trip count M must be a constant scalar")
+        _fail(f"{where}: the trip count M must be a constant scalar")
     if cond is not None and not (_const(cond) is not None and _const(cond).all()):
-        raise UnsupportedRecurrence(f"{where}: the loop condition must be absent or constant true")
-    length = int(trip.reshape(-1)[0])
-    if length < 1:
-        raise UnsupportedRecurrence(f"{where}: trip count {length}; a scan needs at least one step")
-    lifter = _Lifter(imp, where, states[0], length, 0, False)
+        _fail(f"{where}: the loop condition must be absent or constant true")
+    if int(trip.reshape(-1)[0]) < 1:
+        _fail(f"{where}: trip count {trip}; a scan needs at least one step")
+    lifter = _Lifter(imp, where, states[0], int(trip.reshape(-1)[0]), axis=0, reverse=False)
     lifter.env.update({body.input[0].name: "iter", body.input[1].name: "cond",
                        body.input[2].name: _Aff(1, 0)})
     lifter.walk(body)
     c = lifter.value(body.output[0].name, where)
     if not (c == "cond" or type(c) is tuple and _const(c[0]) is not None and _const(c[0]).all()):
-        raise UnsupportedRecurrence(f"{where}: the body's condition output must be the input "
-                                    "condition or constant true (no early exit)")
-    wanted = attrs["tvm_custom"]["num_outputs"] - 1
-    collected = [o.name for o in body.output[2:2 + wanted]]
+        _fail(f"{where}: the body's condition output must be the input condition or constant "
+              "true (no early exit)")
+    collected = [o.name for o in body.output[2:1 + attrs["tvm_custom"]["num_outputs"]]]
     return lifter.scan(body.output[1].name, collected, [(0, False)] * len(collected))
 
 

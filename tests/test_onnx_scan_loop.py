@@ -1,0 +1,278 @@
+"""ONNX Scan / Loop -> ScanWeaver scan: onnxruntime is the oracle for every converted model."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from relax_pass.lower import LowerScans
+from scanweaver_tvm.onnx_frontend import UnsupportedRecurrence, from_onnx
+
+OPSET = 17
+
+
+def vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def node(op, ins, outs, name=None, **attrs):
+    return helper.make_node(op, ins, outs, name=name or f"{op.lower()}_{outs[0]}", **attrs)
+
+
+def model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def scan_model(body_nodes, state, xs, *, axes=None, dirs=None, out_axes=None, out_dirs=None,
+               collect=1, final=True, inits=()):
+    """Scan over inputs X0.. (full shapes ``xs``) with body inputs h, x0_t.. and body outputs
+    hn, y0_t.. (``collect`` of them, each Identity(hn) unless the body defines it)."""
+    m, axes = len(xs), axes or [0] * len(xs)
+    slices = [s[:ax] + s[ax + 1:] for s, ax in zip(xs, axes)]
+    collected = [f"y{j}_t" for j in range(collect)]
+    defined = {o for n in body_nodes for o in n.output}
+    body_nodes = body_nodes + [node("Identity", ["hn"], [y]) for y in collected if y not in defined]
+    body = helper.make_graph(body_nodes, "body", [vi("h", state)] + [vi(f"x{i}_t", s) for i, s in enumerate(slices)],
+                             [vi("hn", state)] + [vi(y, None) for y in collected])
+    out_shape = lambda ax: state[:ax] + [xs[0][axes[0]]] + state[ax:]  # noqa: E731
+    out_axes = out_axes or [0] * collect
+    attrs = dict(body=body, num_scan_inputs=m, scan_input_axes=axes, scan_input_directions=dirs or [0] * m)
+    if collect:
+        attrs.update(scan_output_axes=out_axes, scan_output_directions=out_dirs or [0] * collect)
+    # onnxruntime rejects an omitted ("") Scan output, so an unused final state gets a name
+    outs = ["h_last" if final else "h_unused"] + [f"Y{j}" for j in range(collect)]
+    scan = helper.make_node("Scan", ["h0"] + [f"X{i}" for i in range(m)], outs, name="the_scan", **attrs)
+    graph_outs = ([vi("h_last", state)] if final else []) + [vi(f"Y{j}", out_shape(out_axes[j])) for j in range(collect)]
+    return model([scan], [vi("h0", state)] + [vi(f"X{i}", s) for i, s in enumerate(xs)], graph_outs, inits)
+
+
+def check(onnx_model, feeds, expected=None):
+    """Run with onnxruntime (unless ``expected`` is given) and through from_onnx -> LowerScans
+    -> VM; compare every output."""
+    if expected is None:
+        sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = sess.run(None, feeds)
+    mod = LowerScans("llvm")(from_onnx(onnx_model))
+    assert "scanweaver_scan" in mod.script()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target("llvm")), tvm.cpu())
+    names = [i.name for i in onnx_model.graph.input]
+    got = vm["main"](*[tvm.runtime.tensor(feeds[n]) for n in names])
+    got = [got] if isinstance(got, tvm.runtime.Tensor) else list(got)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5)
+
+
+def feeds(rng, state, xs, coef=(0,)):
+    """h0 and X0..; inputs listed in ``coef`` are coefficients in [-1, 1] (bounded recurrence)."""
+    out = {"h0": rng.standard_normal(state).astype(np.float32)}
+    for i, s in enumerate(xs):
+        x = rng.uniform(-1, 1, s) if i in coef else rng.standard_normal(s)
+        out[f"X{i}"] = x.astype(np.float32)
+    return out
+
+
+AFFINE_BODIES = {  # body computing hn from h, x0_t (a) and x1_t (b), in different operand orders
+    "h*a+b": [node("Mul", ["h", "x0_t"], ["ah"]), node("Add", ["ah", "x1_t"], ["hn"])],
+    "b+a*h": [node("Mul", ["x0_t", "h"], ["ah"]), node("Add", ["x1_t", "ah"], ["hn"])],
+    "(h-b)*a/2": [node("Sub", ["h", "x1_t"], ["d"]), node("Mul", ["d", "x0_t"], ["m"]),
+                  node("Div", ["m", "two"], ["hn"]), node("Constant", [], ["two"], name="two",
+                                                      value=numpy_helper.from_array(np.float32(2.0)))],
+}
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("form", sorted(AFFINE_BODIES))
+def test_forward_scan_axis0(form, length):
+    body = AFFINE_BODIES[form]
+    if form == "(h-b)*a/2":  # the Constant must precede its use
+        body = [body[3]] + body[:3]
+    state, xs = [3, 4], [[length, 3, 4]] * 2
+    check(scan_model(body, state, xs), feeds(np.random.default_rng(length), state, xs))
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_reverse_scan_axis1(length):
+    state, xs = [2, 5], [[2, length, 5], [2, length, 5]]
+    m = scan_model(AFFINE_BODIES["b+a*h"], state, xs, axes=[1, 1], dirs=[1, 1], out_axes=[1])
+    check(m, feeds(np.random.default_rng(length), state, xs))
+
+
+def test_mixed_axes_and_directions():
+    """a runs forward along axis 0, b backward along axis 1 of a (5,L) tensor; two collected
+    outputs, one stacked on axis 1, one reversed on axis 0."""
+    state, xs, length = [5], [[9, 5], [5, 9]], 9
+    body = AFFINE_BODIES["h*a+b"] + [node("Identity", ["hn"], ["y1_t"])]
+    m = scan_model(body, state, xs, axes=[0, 1], dirs=[0, 1], out_axes=[1, 0], out_dirs=[0, 1], collect=2)
+    check(m, feeds(np.random.default_rng(length), state, xs))
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_slices_broadcast_over_batch(length):
+    """a_t per channel (a (L, 4) input, broadcast over the batch), b_t per (batch, channel) from a
+    (2, L, 4) input, both read backwards; the stacked states go on axis 1."""
+    state, xs = [2, 4], [[length, 4], [2, length, 4]]
+    m = scan_model(AFFINE_BODIES["b+a*h"], state, xs, axes=[0, 1], dirs=[1, 1], out_axes=[1])
+    check(m, feeds(np.random.default_rng(length), state, xs))
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_loop_invariant_decay_and_gates(length):
+    """EMA with a learned decay: a = sigmoid(w) (an initializer, per channel), b = (1-a)*x_t*g_t
+    with g_t = Sigmoid(x_t) computed on the slice; the state is (batch, channels)."""
+    rng = np.random.default_rng(length)
+    w = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "w")
+    one = numpy_helper.from_array(np.float32(1.0), "one")
+    body = [node("Sigmoid", ["w"], ["a"]), node("Sub", ["one", "a"], ["oma"]),
+            node("Sigmoid", ["x0_t"], ["g"]), node("Mul", ["x0_t", "g"], ["xg"]),
+            node("Mul", ["oma", "xg"], ["b"]), node("Mul", ["a", "h"], ["ah"]), node("Add", ["ah", "b"], ["hn"])]
+    state, xs = [2, 4], [[2, length, 4]]
+    m = scan_model(body, state, xs, axes=[1], out_axes=[1], inits=[w, one])
+    check(m, feeds(rng, state, xs, coef=()))
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("op", ["Add", "Sub"])
+def test_cumsum_like(op, length):
+    state, xs = [6], [[length, 6]]
+    m = scan_model([node(op, ["h", "x0_t"], ["hn"])], state, xs)
+    check(m, feeds(np.random.default_rng(length), state, xs, coef=()))
+
+
+@pytest.mark.parametrize("which", ["final", "states", "both", "states_same_tensor"])
+def test_outputs(which):
+    state, xs = [3], [[7, 3], [7, 3]]
+    body = AFFINE_BODIES["h*a+b"]
+    if which == "final":
+        m = scan_model(body, state, xs, collect=0)
+    else:
+        m = scan_model(body, state, xs, final=which == "both")
+    fs = feeds(np.random.default_rng(0), state, xs)
+    if which == "states_same_tensor":  # the body lists hn itself as its scan output; onnxruntime
+        m.graph.node[0].attribute[0].g.output[1].name = "hn"  # gets that wrong, so numpy checks it
+        h, ys = fs["h0"].astype(np.float64), []
+        for a, b in zip(fs["X0"], fs["X1"]):
+            h = h * a + b
+            ys.append(h)
+        check(m, fs, [np.array(ys)])
+    else:
+        check(m, fs)
+
+
+def loop_model(length, body_nodes, trip=None, cond=True, collect=True, extra_inits=()):
+    """h = a_i*h + b_i for i < M with a_i = A[i] (axis 0), b_i = B[:, i] (axis 1)."""
+    body = helper.make_graph(
+        [node("Gather", ["A", "i"], ["a_i"], axis=0), node("Gather", ["B", "i"], ["b_i"], axis=1)] + body_nodes
+        + [node("Identity", ["c"], ["c_out"])] + ([node("Identity", ["hn"], ["y"])] if collect else []),
+        "body", [vi("i", [], TensorProto.INT64), vi("c", [], TensorProto.BOOL), vi("h", [3])],
+        [vi("c_out", [], TensorProto.BOOL), vi("hn", [3])] + ([vi("y", [3])] if collect else []))
+    inits = [numpy_helper.from_array(np.array(length if trip is None else trip, np.int64), "M"),
+             numpy_helper.from_array(np.array(cond), "cond"), *extra_inits]
+    loop = helper.make_node("Loop", ["M", "cond", "h0"], ["h_last"] + (["Y"] if collect else []),
+                            name="the_loop", body=body)
+    outs = [vi("h_last", [3])] + ([vi("Y", [trip or length, 3])] if collect else [])
+    return model([loop], [vi("h0", [3]), vi("A", [length, 3]), vi("B", [3, length])], outs, inits)
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("cond_out", ["identity", "constant_true"])
+def test_loop(length, cond_out):
+    body = [node("Mul", ["h", "a_i"], ["ah"]), node("Add", ["b_i", "ah"], ["hn"])]
+    rng = np.random.default_rng(length)
+    fs = {"h0": rng.standard_normal(3), "A": rng.uniform(-1, 1, (length, 3)), "B": rng.standard_normal((3, length))}
+    m = loop_model(length, body)
+    if cond_out == "constant_true":  # the condition output is a Constant node, not Identity(c)
+        m.graph.node[0].attribute[0].g.node[-2].CopyFrom(helper.make_node(
+            "Constant", [], ["c_out"], name="always", value=numpy_helper.from_array(np.array(True))))
+    check(m, {k: v.astype(np.float32) for k, v in fs.items()})
+
+
+def test_loop_fewer_steps_than_rows_final_only():
+    body = [node("Mul", ["h", "a_i"], ["ah"]), node("Add", ["b_i", "ah"], ["hn"])]
+    rng = np.random.default_rng(1)
+    fs = {"h0": rng.standard_normal(3), "A": rng.uniform(-1, 1, (9, 3)), "B": rng.standard_normal((3, 9))}
+    check(loop_model(9, body, trip=5, collect=False), {k: v.astype(np.float32) for k, v in fs.items()})
+
+
+def expect_error(onnx_model_or_path, *fragments):
+    with pytest.raises(ValueError) as info:
+        from_onnx(onnx_model_or_path)
+    for f in fragments:
+        assert f in str(info.value), str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("body,fragments", [
+    ([node("Tanh", ["h"], ["t"], name="squash"), node("Add", ["t", "x0_t"], ["hn"])],
+     ["the_scan", "'squash' (Tanh)", "applies Tanh"]),
+    ([node("Mul", ["h", "h"], ["hh"], name="square"), node("Add", ["hh", "x0_t"], ["hn"])],
+     ["the_scan", "'square' (Mul)", "state-dependent"]),
+    ([node("Sigmoid", ["h"], ["g"], name="gate"), node("Mul", ["g", "h"], ["hn"])],
+     ["the_scan", "'gate' (Sigmoid)"]),
+    ([node("ReduceSum", ["x0_t"], ["s"], name="pool", keepdims=1), node("Add", ["h", "s"], ["hn"])],
+     ["the_scan", "'pool' (ReduceSum)", "not elementwise"]),
+])
+def test_non_affine_bodies(body, fragments, capsys):
+    err = expect_error(scan_model(body, [3], [[7, 3]]), *fragments)
+    assert isinstance(err, UnsupportedRecurrence)
+    assert "Error converting operator" not in capsys.readouterr().out  # TVM's dump is dropped
+
+
+def test_two_states():
+    body = helper.make_graph([node("Add", ["h", "x"], ["hn"]), node("Add", ["g", "x"], ["gn"])], "body",
+                             [vi("h", [3]), vi("g", [3]), vi("x", [3])], [vi("hn", [3]), vi("gn", [3])])
+    scan = helper.make_node("Scan", ["h0", "g0", "X"], ["hl", "gl"], name="pair", body=body, num_scan_inputs=1)
+    m = model([scan], [vi("h0", [3]), vi("g0", [3]), vi("X", [7, 3])], [vi("hl", [3]), vi("gl", [3])])
+    expect_error(m, "Scan node 'pair'", "2 loop-carried states")
+
+
+def test_loop_early_exit_and_non_state_output():
+    body = [node("Mul", ["h", "a_i"], ["ah"]), node("Add", ["b_i", "ah"], ["hn"])]
+    m = loop_model(7, body)
+    m.graph.node[0].attribute[0].g.node[-2].input[0] = "b_i"  # cond_out = Identity(b_i)
+    expect_error(m, "Loop node 'the_loop'", "no early exit")
+    m = loop_model(7, body)
+    m.graph.node[0].attribute[0].g.node[-1].input[0] = "h"  # collects the old state
+    expect_error(m, "Loop node 'the_loop'", "not the new state")
+
+
+def test_loop_runtime_trip_count_and_iteration_arithmetic():
+    body = [node("Mul", ["h", "a_i"], ["ah"]), node("Add", ["b_i", "ah"], ["hn"])]
+    m = loop_model(7, body)
+    del m.graph.initializer[0]  # M becomes a graph input: not a constant trip count
+    m.graph.input.append(vi("M", [], TensorProto.INT64))
+    expect_error(m, "Loop node 'the_loop'", "trip count")
+    m = loop_model(7, body)
+    g = m.graph.node[0].attribute[0].g
+    g.node[0].input[1] = "i1"  # a_i = A[i + 1]: arithmetic on the iteration number
+    g.node.insert(0, node("Add", ["i", "one"], ["i1"], name="next_step"))
+    m.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
+    expect_error(m, "Loop node 'the_loop'", "'next_step' (Add)", "iteration number")
+
+
+def test_bad_files(tmp_path):
+    missing = tmp_path / "missing.onnx"
+    expect_error(missing, str(missing), "no such")
+    good = scan_model(AFFINE_BODIES["h*a+b"], [3], [[7, 3]] * 2).SerializeToString()
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07\xff\xff\xff garbage" + bytes(range(256)))
+    expect_error(corrupt, str(corrupt), "corrupt")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(good[: len(good) // 2])
+    err = expect_error(truncated, str(truncated), "truncated")
+    assert err.__cause__ is None and err.__suppress_context__  # no protobuf traceback attached
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    expect_error(empty, str(empty), "not a complete ONNX model")
+
+
+def test_path_input(tmp_path):
+    path = tmp_path / "ok.onnx"
+    onnx.save(scan_model([node("Add", ["h", "x0_t"], ["hn"])], [3], [[7, 3]]), str(path))
+    assert "scanweaver.affine_scan" in from_onnx(path).script()
+    assert "scanweaver.affine_scan" in from_onnx(str(path)).script()
+    with pytest.raises(UnsupportedRecurrence):
+        from_onnx(tmp_path / "nope.onnx")

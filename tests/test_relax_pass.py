@@ -1,0 +1,125 @@
+"""FuseAffineRecurrences + LowerScans on models imported from PyTorch, compiled for LLVM and
+compared with PyTorch; near misses are reported and left exactly as they were."""
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import scanweaver_tvm as sw
+from scanweaver_tvm import models
+
+from torch_models import Recurrence, inputs
+
+
+def run_compiled(mod, args, **kwargs):
+    ex = sw.compile(mod, "llvm", **kwargs)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    return [o.numpy() for o in out] if hasattr(out, "__len__") and not hasattr(out, "numpy") else [out.numpy()]
+
+
+def expect(model, args):
+    with torch.no_grad():
+        out = model(*args)
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def assert_matches(got, want, rtol=1e-4):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        err = np.abs(g - w).max() / max(1.0, np.abs(w).max())
+        assert err <= rtol, f"relative error {err:.2e}"
+
+
+def scans_in(mod):
+    return mod.script(show_meta=False).count('"scanweaver.affine_scan"')
+
+
+FORMS = ["a*h+b", "b+h*a", "decay", "h+x"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("axis,reverse,init,out", [
+    (1, False, "zeros", "stack"), (1, True, "input", "stack"), (0, False, "first", "stack"),
+    (2, True, "zeros", "last"), (1, False, "input", "middle"), (0, True, "first", "last")])
+def test_affine_forms(form, axis, reverse, init, out):
+    model = Recurrence(form, axis, reverse, init, out).eval()
+    args = inputs(axis)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod)
+    assert len(found) == 1, sw.find_recurrences(mod, include_rejected=True)
+    rec = found[0]
+    # h_0 = x_0 is a step from zero only when b_t is x_t itself; otherwise it is the initial state
+    length = 6 if (init == "first" and form == "decay") else 7
+    assert (rec.length, rec.reverse, rec.form) == (length, reverse, "affine")
+    assert rec.state_shape == (2, 6) and rec.dtype == "float32"
+    fused = sw.FuseAffineRecurrences()(mod)
+    assert scans_in(fused) == 1
+    assert "relax.take" not in str(fused) or out == "middle"
+    assert_matches(run_compiled(mod, args), expect(model, args))
+
+
+@pytest.mark.parametrize("form,why", [("tanh", "relax.tanh"), ("h*h", "not affine in h")])
+def test_near_misses_are_left_alone_and_explained(form, why):
+    model = Recurrence(form).eval()
+    args = inputs()
+    mod = sw.from_torch(model, args)
+    assert sw.find_recurrences(mod) == []
+    rejected = sw.find_recurrences(mod, include_rejected=True)
+    assert rejected and all(r.rejected for r in rejected)
+    assert any(why in r.reason for r in rejected), rejected
+    fused = sw.FuseAffineRecurrences()(mod)
+    tvm.ir.assert_structural_equal(fused, mod)
+    assert_matches(run_compiled(mod, args), expect(model, args))
+
+
+class SkippedStep(torch.nn.Module):
+    def forward(self, x, g):
+        h, outs = torch.zeros_like(x[:, 0]), []
+        for t in (0, 1, 2, 4, 5):                                   # index 3 skipped
+            h = g[:, t] * h + x[:, t]
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
+class MixedIndex(torch.nn.Module):
+    def forward(self, x, g):
+        h, outs = torch.zeros_like(x[:, 0]), []
+        for t in range(5):
+            h = g[:, t + 1] * h + x[:, t]                           # a one step ahead of b
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
+@pytest.mark.parametrize("model,why", [(SkippedStep(), "not consecutive"), (MixedIndex(), "different time indices")])
+def test_index_near_misses(model, why):
+    args = inputs(length=7)[:2]
+    mod = sw.from_torch(model, args)
+    assert sw.find_recurrences(mod) == []
+    assert any(why in r.reason for r in sw.find_recurrences(mod, include_rejected=True))
+    tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
+    assert_matches(run_compiled(mod, args), expect(model, args))
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("factory", [models.ema, models.linear_rnn, models.mamba_block])
+def test_models_match_pytorch(factory, length):
+    model, args = factory(length=length)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod)
+    assert len(found) == (1 if length > 1 else 0)
+    assert_matches(run_compiled(mod, args), expect(model, args))
+
+
+def test_registered_pipeline_and_pipeline_pass():
+    model, args = models.ema(length=5)
+    mod = sw.from_torch(model, args)
+    ex = tvm.compile(mod, target=tvm.target.Target("llvm"), relax_pipeline="scanweaver")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    assert_matches([out[0].numpy()], expect(model, args))
+    lowered = sw.pipeline("llvm")(mod)
+    assert "scanweaver_scan" in lowered.script(show_meta=False)      # the scheduled TIR is in the module
+    assert "call_pure_packed" not in lowered.script(show_meta=False)
