@@ -46,6 +46,7 @@ class Recurrence:
     b: object = field(default=None, repr=False)
     indices: tuple = field(default=(), repr=False)              # slice index of each state
     analysis: object = field(default=None, repr=False)
+    selective: object = field(default=None, repr=False)          # SelectiveMatch when form == "selective"
 
 
 def _mentions(key, var):

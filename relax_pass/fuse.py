@@ -17,17 +17,26 @@ from scanweaver_tvm.spec import AffineScanSpec
 
 from .chains import find_chains
 from .scan_op import make_scan
+from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
 
 
 def analyze(mod):
-    """All recurrences of every Relax function in ``mod``, accepted and rejected."""
+    """All recurrences of every Relax function in ``mod``, accepted and rejected; accepted
+    chains that are Mamba selective scans get ``form == "selective"`` and their match."""
     found = []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
+        users = _users(func)
+        value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
         for block in func.body.blocks:
-            found.extend(find_chains(gvar.name_hint, block.bindings))
+            for rec in find_chains(gvar.name_hint, block.bindings):
+                if not rec.rejected:
+                    match = match_selective(rec, value, users)
+                    if isinstance(match, SelectiveMatch):
+                        rec.form, rec.selective = "selective", match
+                found.append(rec)
     return found
 
 
@@ -71,7 +80,7 @@ class _Plan:
             if uses:
                 self.external[s] = uses
         self.last = states[-1]
-        self.need_states = bool(self.concats) or any(s is not self.last for s in self.external)
+        self.need_states = bool(self.concats) or any(not s.same_as(self.last) for s in self.external)
         self.need_last = self.last in self.external
 
     def _stacking(self, concat, value, users):
@@ -100,14 +109,17 @@ class _Plan:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod, plans):
+    def __init__(self, mod, plans, last_state):
         super().__init__(mod)
-        self.plans = plans          # first state var -> _Plan
+        self.plans = plans              # first state var -> _Plan or SelectiveMatch
+        self.last_state = last_state    # first state var -> last state var (selective scans)
         self.dropped = set()
 
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
-        if plan is not None:
+        if isinstance(plan, SelectiveMatch):
+            self._emit_selective(plan, binding.var)
+        elif plan is not None:
             self._emit(plan)
         if binding.var in self.dropped:
             return
@@ -134,7 +146,7 @@ class _Rewriter(relax.PyExprMutator):
         outs = {outputs[0]: scan} if len(outputs) == 1 else {
             k: bb.emit(relax.TupleGetItem(scan, i)) for i, k in enumerate(outputs)}
         for s, uses in plan.external.items():
-            if s is plan.last:
+            if s.same_as(plan.last):
                 self._replace(s, outs["last"])
             else:
                 pos = relax.const(plan.position[s], "int64")
@@ -152,6 +164,15 @@ class _Rewriter(relax.PyExprMutator):
             if not expanded:
                 stacked = bb.emit(relax.op.reshape(stacked, tensor_shape(c)))
             self._replace(c, stacked)
+
+    def _emit_selective(self, match, first_state):
+        bb = self.builder_
+        scan = bb.emit(make_scan(match.spec, [self.visit_expr(x) for x in match.operands]), "selective_scan")
+        if match.spec.return_last_state:
+            self._replace(match.output, bb.emit(relax.TupleGetItem(scan, 0)))
+            self._replace(self.last_state[first_state], bb.emit(relax.TupleGetItem(scan, 1)))
+        else:
+            self._replace(match.output, scan)
 
     def _replace(self, var, new):
         self.set_var_remap(var, new)
@@ -180,26 +201,33 @@ class _Rewriter(relax.PyExprMutator):
 
 
 def rewrite(mod, recurrences):
-    """Apply the accepted ``recurrences`` (from ``analyze(mod)``) to ``mod``."""
+    """Apply the accepted ``recurrences`` (from ``analyze(mod)``); returns a new module."""
     by_function = {}
     for rec in recurrences:
         if not rec.rejected:
             by_function.setdefault(rec.function, []).append(rec)
     if not by_function:
         return mod
+    plans, last_state = {}, {}
     for name, recs in by_function.items():
         func = mod[name]
         users = _users(func)
         value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
-        plans = {}
         for rec in recs:
+            if rec.form == "selective":
+                plans[rec.states[0]] = rec.selective
+                last_state[rec.states[0]] = rec.states[-1]
+                continue
             plan = _Plan(rec, users, value)
             if plan.need_states or plan.need_last:
                 plans[rec.states[0]] = plan
-        rewriter = _Rewriter(mod, plans)
-        mod[name] = rewriter.visit_expr(func)
-    entries = [g.name_hint for g, f in mod.functions_items() if isinstance(f, relax.Function)]
-    return relax.transform.DeadCodeElimination(entries)(mod)
+    rewriter = _Rewriter(mod, plans, last_state)
+    for name in by_function:
+        gvar = mod.get_global_var(name)
+        rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
+    new = rewriter.builder_.get()
+    entries = [g.name_hint for g, f in new.functions_items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(new)
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.FuseAffineRecurrences")

@@ -1,0 +1,150 @@
+"""Recognize Mamba's selective scan on top of an affine chain found in the graph.
+
+``selective_scan_ref`` exports as an affine chain over (B, D, N) states whose coefficients are
+slices of ``exp(delta*A)`` and ``delta*B*u`` (two (B, D, L, N) tensors), read out each step by
+``einsum('bdn,bn->bd', h, C_t)`` and stacked.  When every piece checks out, the chain, the two
+(B, D, L, N) tensors and the readouts become ONE ``scanweaver.selective_scan`` on the original
+``u, delta, A, B, C``.  The views and the readout are checked by evaluating them with numpy on
+probe inputs (``npeval``), so it does not matter how the frontend spelled the einsums.
+Anything unexpected returns a reason, and the chain stays a plain affine scan.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from scanweaver_tvm.spec import SelectiveScanSpec
+
+from .npeval import SUPPORTED, evaluate, multiply_factors, viewed_tensor
+from .steps import op_name, tensor_dtype, tensor_shape
+
+
+@dataclass
+class SelectiveMatch:
+    spec: SelectiveScanSpec
+    operands: list          # u, delta, A, B, C, [h0]
+    output: relax.Var       # the concat of the per-step readouts: becomes the scan's y
+    readouts: set           # bindings of the readout subgraphs (consumed)
+    last_users: bool        # the final state is used elsewhere (return it too)
+
+
+def _view_is(value_of, view, base, expected):
+    """Does ``view`` of ``base`` place ``base[i]`` where ``expected(iota)`` says?"""
+    iota = np.arange(np.prod(tensor_shape(base)), dtype=np.float64).reshape(tensor_shape(base))
+    got = evaluate(value_of, view, {base: iota})
+    want = expected(iota)
+    if got is None:
+        return False
+    try:
+        full = np.broadcast_shapes(got.shape, want.shape)
+    except ValueError:
+        return False
+    return np.array_equal(np.broadcast_to(got, full), np.broadcast_to(want, full))
+
+
+def _readout(value_of, y, state, time):
+    """If ``y`` is computed from ``state`` and one slice ``C[:, :, time]`` by supported ops,
+    return (C, bindings of the subgraph); else None."""
+    bindings, leaves, stack = set(), {}, [y]
+    while stack:
+        v = stack.pop()
+        if v.same_as(state) or v in bindings or not isinstance(v, relax.Var):
+            continue
+        call = value_of.get(v)
+        name = op_name(call)
+        if name == "relax.take":
+            idx = call.args[1]
+            leaves[v] = (call.args[0], int(call.attrs.axis), idx)
+            bindings.add(v)
+            continue
+        if name not in SUPPORTED:
+            return None
+        bindings.add(v)
+        stack.extend(a for a in call.args[:1 if name in ("relax.reshape", "relax.broadcast_to") else None]
+                     if isinstance(a, relax.Var))
+    if len(leaves) != 1:
+        return None
+    (c_slice, (c, axis, idx)), = leaves.items()
+    t = idx.value.numpy().item() if hasattr(idx, "value") else None
+    if axis != 2 or t != time or tensor_shape(c) is None or len(tensor_shape(c)) != 3:
+        return None
+    return c, c_slice, bindings
+
+
+def match_selective(rec, value_of, users):
+    """A ``SelectiveMatch`` for an accepted affine ``rec``, or a string saying why not."""
+    if rec.reverse or len(rec.state_shape) != 3 or rec.axis != 2:
+        return "not a forward scan over (B, D, N) states stacked at axis 2"
+    batch, dim, dstate = rec.state_shape
+    length = rec.length
+    slice_a, slice_b = value_of.get(rec.a), value_of.get(rec.b)
+    if op_name(slice_a) != "relax.take" or op_name(slice_b) != "relax.take":
+        return "coefficients are not slices of (B, D, L, N) tensors"
+    decay = value_of.get(slice_a.args[0])
+    if op_name(decay) != "relax.exp" or op_name(value_of.get(decay.args[0])) != "relax.multiply":
+        return "a_t is not a slice of exp(delta * A)"
+    bdl, dn, bnl = (batch, dim, length), (dim, dstate), (batch, dstate, length)
+    p, q = value_of[decay.args[0]].args
+    bases = {tensor_shape(b): (x, b) for x in (p, q) for b in [viewed_tensor(value_of, x, (bdl, dn))] if b is not None}
+    if set(bases) != {bdl, dn}:
+        return "exp() argument is not delta (B, D, L) times A (D, N)"
+    (dview, delta), (aview, A) = bases[bdl], bases[dn]
+    if not (_view_is(value_of, dview, delta, lambda x: x[:, :, :, None])
+            and _view_is(value_of, aview, A, lambda x: x[None, :, None, :])):
+        return "delta or A is not broadcast as delta[b, d, l] * A[d, n]"
+    factors = multiply_factors(value_of, slice_b.args[0])
+    by_base = {}
+    for f in factors:
+        by_base.setdefault(viewed_tensor(value_of, f, (bdl, bnl)), []).append(f)
+    others = [b for b in by_base if b is not None and not b.same_as(delta)]
+    if len(factors) != 3 or delta not in by_base or len(others) != 2 or None in by_base:
+        return "b_t is not a slice of delta * B * u"
+    B = next((b for b in others if tensor_shape(b) == bnl), None)
+    u = next((b for b in others if tensor_shape(b) == bdl), None)
+    if B is None or u is None or not (
+            _view_is(value_of, by_base[B][0], B, lambda x: x.transpose(0, 2, 1)[:, None])
+            and _view_is(value_of, by_base[u][0], u, lambda x: x[:, :, :, None])
+            and _view_is(value_of, by_base[delta][0], delta, lambda x: x[:, :, :, None])):
+        return "b_t is not delta[b, d, l] * B[b, n, l] * u[b, d, l]"
+    return _match_readout(rec, value_of, users, [u, delta, A, B])
+
+
+def _match_readout(rec, value_of, users, operands):
+    batch, dim, dstate = rec.state_shape
+    concats = [v for v, call in value_of.items() if op_name(call) == "relax.concat"
+               and tensor_shape(v) == (batch, dim, rec.length) and int(call.attrs.axis) == 2]
+    rng = np.random.default_rng(0)
+    for cat in concats:
+        fields = value_of[cat].args[0].fields
+        ys = [value_of[f].args[0] if op_name(value_of.get(f)) == "relax.expand_dims" else None for f in fields]
+        if len(ys) != len(rec.states) or any(y is None for y in ys):
+            continue
+        readouts, c_base = set(fields), None
+        for y, h, t in zip(ys, rec.states, rec.indices):
+            found = _readout(value_of, y, h, t)
+            if found is None:
+                break
+            c, c_slice, bindings = found
+            if c_base is not None and not c.same_as(c_base):
+                break
+            c_base = c
+            hv, cv = rng.standard_normal(rec.state_shape), rng.standard_normal((batch, dstate))
+            got = evaluate(value_of, y, {h: hv, c_slice: cv})
+            if got is None or not np.allclose(got, np.einsum("bdn,bn->bd", hv, cv)):
+                break
+            readouts |= bindings
+        else:
+            if tensor_shape(c_base) != (batch, dstate, rec.length):
+                continue
+            internal = readouts | {u for s in rec.states[1:] for u in value_of[s].args}
+            stray = [s for s in rec.states[:-1] if any(u not in internal for u in users.get(s, []))]
+            if stray:
+                return f"state {stray[0].name} is used outside the readout"
+            last_users = any(u not in internal for u in users.get(rec.states[-1], []))
+            if str(tensor_dtype(operands[2])) != "float32":
+                return "A is not float32"
+            spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_h0=rec.initial is not None,
+                                     dtype=rec.dtype, return_last_state=last_users)
+            ops = operands + [c_base] + ([rec.initial] if rec.initial is not None else [])
+            return SelectiveMatch(spec, ops, cat, readouts, last_users)
+    return "no concat of per-step einsum('bdn,bn->bd', h, C_t) readouts"
