@@ -47,6 +47,7 @@ class Recurrence:
     indices: tuple = field(default=(), repr=False)              # slice index of each state
     analysis: object = field(default=None, repr=False)
     selective: object = field(default=None, repr=False)          # SelectiveMatch when form == "selective"
+    facts: object = field(default=None, repr=False)              # (users, value) of the function
 
 
 def _mentions(key, var):

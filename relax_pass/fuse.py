@@ -32,6 +32,7 @@ def analyze(mod):
         value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
         for block in func.body.blocks:
             for rec in find_chains(gvar.name_hint, block.bindings):
+                rec.facts = (users, value)
                 if not rec.rejected:
                     match = match_selective(rec, value, users)
                     if isinstance(match, SelectiveMatch):
@@ -210,10 +211,8 @@ def rewrite(mod, recurrences):
         return mod
     plans, last_state = {}, {}
     for name, recs in by_function.items():
-        func = mod[name]
-        users = _users(func)
-        value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
         for rec in recs:
+            users, value = rec.facts
             if rec.form == "selective":
                 plans[rec.states[0]] = rec.selective
                 last_state[rec.states[0]] = rec.states[-1]
@@ -226,8 +225,27 @@ def rewrite(mod, recurrences):
         gvar = mod.get_global_var(name)
         rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))
     new = rewriter.builder_.get()
-    entries = [g.name_hint for g, f in new.functions_items() if isinstance(f, relax.Function)]
-    return relax.transform.DeadCodeElimination(entries)(new)
+    for name in by_function:
+        gvar = new.get_global_var(name)
+        new[gvar] = _prune(new[gvar])
+    return new
+
+
+def _prune(func):
+    """Drop dataflow bindings nobody uses (the replaced per-step graph), in one backward pass.
+    (TVM's DeadCodeElimination does the same but took ~1.4 s on a 5,000-binding function.)"""
+    live = set(relax.analysis.free_vars(func.body.body))
+    blocks = []
+    for block in reversed(func.body.blocks):
+        kept = []
+        for b in reversed(block.bindings):
+            if isinstance(block, relax.DataflowBlock) and b.var not in live:
+                continue
+            kept.append(b)
+            live.update(relax.analysis.free_vars(b.value))
+        blocks.append(type(block)(kept[::-1]))
+    body = relax.SeqExpr(blocks[::-1], func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.FuseAffineRecurrences")
