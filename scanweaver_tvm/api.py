@@ -13,12 +13,15 @@ __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences
 def from_torch(model, example_args):
     """``torch.export`` + TVM's Relax frontend, parameters kept as constants: ``main`` takes
     exactly ``example_args``, in order, and returns what the model returns (as a tuple)."""
+    import warnings
+
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         exported = torch.export.export(model, tuple(example_args))
-    return from_exported_program(exported, keep_params_as_input=False)
+        return from_exported_program(exported, keep_params_as_input=False)
 
 
 def from_onnx(model):

@@ -30,7 +30,15 @@ def cuda_source(func, target=SM90):
     """Build a PrimFunc for CUDA and return the generated CUDA C source."""
     target = tvm.target.Target(target)
     ex = tvm.compile(tvm.IRModule({func.attrs["global_symbol"]: func}), target=target)
-    return ex.mod.imports[0].inspect_source()
+    return "\n".join(module_cuda_sources(ex.mod))
+
+
+def module_cuda_sources(module):
+    """CUDA C of every ``cuda`` module imported (at any depth) by a built module/executable."""
+    found = [module.inspect_source()] if module.kind == "cuda" else []
+    for sub in module.imports:
+        found.extend(module_cuda_sources(sub))
+    return found
 
 
 def ptx(source, arch="sm_90"):
