@@ -123,3 +123,17 @@ def test_registered_pipeline_and_pipeline_pass():
     lowered = sw.pipeline("llvm")(mod)
     assert "scanweaver_scan" in lowered.script(show_meta=False)      # the scheduled TIR is in the module
     assert "call_pure_packed" not in lowered.script(show_meta=False)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mamba_becomes_one_fused_selective_scan(batch):
+    """The reference loop, exp(delta*A), delta*B*u and the per-step einsum readouts become one
+    selective scan on (u, delta, A, B, C); no (B, D, L, N) tensor is left in the module."""
+    model, args = models.mamba_block(length=16, batch=batch)
+    mod = sw.from_torch(model, args)
+    (rec,) = sw.find_recurrences(mod)
+    assert (rec.form, rec.length, rec.state_shape) == ("selective", 16, (batch, 64, 16))
+    text = sw.pipeline("llvm")(mod).script(show_meta=False)
+    assert text.count("R.call_tir(cls.scanweaver_scan") == 1
+    assert f"R.Tensor(({batch}, 64, 16, 16)" not in text
+    assert_matches(run_compiled(mod, args), expect(model, args))
