@@ -15,15 +15,17 @@ from tvm import relax
 
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .chains import find_chains
+from .chains import Recurrence, find_chains
+from .cumulative import cumulative_recurrences, cumulative_scan
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
 
 
-def analyze(mod):
+def analyze(mod, cumulative=False):
     """All recurrences of every Relax function in ``mod``, accepted and rejected; accepted
-    chains that are Mamba selective scans get ``form == "selective"`` and their match."""
+    chains that are Mamba selective scans get ``form == "selective"`` and their match;
+    with ``cumulative``, also ``cumsum``/``cumprod`` ops."""
     found = []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -31,6 +33,8 @@ def analyze(mod):
         users = _users(func)
         value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
         for block in func.body.blocks:
+            if cumulative:
+                found.extend(cumulative_recurrences(gvar.name_hint, block.bindings))
             for rec in find_chains(gvar.name_hint, block.bindings):
                 rec.facts = (users, value)
                 if not rec.rejected:
@@ -120,6 +124,9 @@ class _Rewriter(relax.PyExprMutator):
         plan = self.plans.get(binding.var)
         if isinstance(plan, SelectiveMatch):
             self._emit_selective(plan, binding.var)
+        elif isinstance(plan, Recurrence):                  # cumsum / cumprod
+            x = self.visit_expr(binding.value.args[0])
+            self._replace(binding.var, self.builder_.emit(cumulative_scan(plan, x), plan.form))
         elif plan is not None:
             self._emit(plan)
         if binding.var in self.dropped:
@@ -212,6 +219,9 @@ def rewrite(mod, recurrences):
     plans, last_state = {}, {}
     for name, recs in by_function.items():
         for rec in recs:
+            if rec.form in ("cumsum", "cumprod"):
+                plans[rec.states[0]] = rec
+                continue
             users, value = rec.facts
             if rec.form == "selective":
                 plans[rec.states[0]] = rec.selective
@@ -250,7 +260,11 @@ def _prune(func):
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.FuseAffineRecurrences")
 class FuseAffineRecurrences:
-    """Replace each affine recurrence found in the module's Relax functions by one scan."""
+    """Replace each affine recurrence found in the module's Relax functions by one scan;
+    ``cumulative=True`` also turns ``cumsum``/``cumprod`` into scans."""
+
+    def __init__(self, cumulative=False):
+        self.cumulative = cumulative
 
     def transform_module(self, mod, _ctx):
-        return rewrite(mod, analyze(mod))
+        return rewrite(mod, analyze(mod, self.cumulative))

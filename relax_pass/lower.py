@@ -31,8 +31,9 @@ class _Lowerer(relax.PyExprMutator):
         gvar = self.cache.get(spec)
         if gvar is None:
             func = tir_schedules.realize(spec, self.target, self.schedule)
-            func = func.with_attrs({"op_pattern": 8, "tirx.is_scheduled": True})
-            gvar = self.builder_.add_func(func, "scanweaver_scan")
+            name = self.builder_.get_unique_name("scanweaver_scan")
+            func = func.with_attrs({"op_pattern": 8, "tirx.is_scheduled": True, "global_symbol": name})
+            gvar = self.builder_.add_func(func, name)
             self.cache[spec] = gvar
         types = output_types(spec)
         return relax.op.call_tir(gvar, relax.Tuple(operands), types if len(types) > 1 else types[0])

@@ -31,10 +31,10 @@ def from_onnx(model):
     return onnx_frontend.from_onnx(model)
 
 
-def find_recurrences(mod, include_rejected=False):
-    """What ``FuseAffineRecurrences`` would rewrite in ``mod`` (``Recurrence`` items); with
-    ``include_rejected`` also the near misses it leaves alone (``.rejected``, ``.reason``)."""
-    return [r for r in analyze(mod) if include_rejected or not r.rejected]
+def find_recurrences(mod, include_rejected=False, cumulative=False):
+    """What ``FuseAffineRecurrences(cumulative)`` would rewrite in ``mod`` (``Recurrence``
+    items); with ``include_rejected`` also the near misses it leaves alone (``.reason``)."""
+    return [r for r in analyze(mod, cumulative) if include_rejected or not r.rejected]
 
 
 def _target(target):

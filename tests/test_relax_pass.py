@@ -137,3 +137,25 @@ def test_mamba_becomes_one_fused_selective_scan(batch):
     assert text.count("R.call_tir(cls.scanweaver_scan") == 1
     assert f"R.Tensor(({batch}, 64, 16, 16)" not in text
     assert_matches(run_compiled(mod, args), expect(model, args))
+
+
+class Cumulative(torch.nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 1) + torch.cumprod(x, 2) + torch.cumsum(x, 0, dtype=torch.float64).float()
+
+
+def test_cumsum_cumprod_only_when_asked():
+    x = torch.rand(2, 5, 3) + 0.5
+    mod = sw.from_torch(Cumulative(), (x,))
+    assert sw.find_recurrences(mod) == []
+    tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
+    found = sw.find_recurrences(mod, include_rejected=True, cumulative=True)
+    assert sorted((r.form, r.axis, r.rejected) for r in found) == [
+        ("cumprod", 2, False), ("cumsum", 0, True), ("cumsum", 1, False)]
+    assert "dtype" in next(r.reason for r in found if r.rejected)   # the float64 accumulation
+    fused = sw.FuseAffineRecurrences(cumulative=True)(mod)
+    assert scans_in(fused) == 2
+    from relax_pass.lower import LowerScans
+    ex = tvm.compile(LowerScans("llvm")(fused), target=tvm.target.Target("llvm"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    assert_matches([out[0].numpy()], expect(Cumulative(), (x,)))
