@@ -65,7 +65,6 @@ class _Plan:
         states = rec.states
         first = min(rec.indices)
         self.position = {s: i - first for s, i in zip(states, rec.indices)}
-        self.start = min(rec.indices)
         internal = set()
         for step in states[1:]:
             for arg in value[step].args:        # the term holding the previous state
@@ -80,8 +79,6 @@ class _Plan:
         self.external = {}
         for s in states:
             uses = [u for u in users.get(s, []) if u not in internal and u not in consumed]
-            # a state's own step binding is "internal" when it holds the next step's term
-            uses = [u for u in uses if not (u in value and u in states)]
             if uses:
                 self.external[s] = uses
         self.last = states[-1]
@@ -93,7 +90,8 @@ class _Plan:
         states, expand_axes = [], set()
         for f in fields:
             inner = value.get(f)
-            if op_name(inner) == "relax.expand_dims" and len(inner.attrs.axis) == 1 and users.get(f) == [None] * 0 + users.get(f, []) and len(users.get(f, [])) == 1:
+            if (op_name(inner) == "relax.expand_dims" and len(inner.attrs.axis) == 1
+                    and len(users.get(f, [])) == 1):
                 expand_axes.add(int(inner.attrs.axis[0]))
                 f = inner.args[0]
             else:
@@ -163,13 +161,11 @@ class _Rewriter(relax.PyExprMutator):
             stacked = outs["states"]
             if not increasing:
                 stacked = bb.emit(relax.op.flip(stacked, axis))
-            if not expanded:        # concat of unexpanded states: stack at cat_axis, then merge
-                pass
             if cat_axis != axis:
                 perm = list(range(rank + 1))
                 perm.insert(cat_axis, perm.pop(axis))
                 stacked = bb.emit(relax.op.permute_dims(stacked, perm))
-            if not expanded:
+            if not expanded:        # concat of unexpanded states: the stack with L merged in
                 stacked = bb.emit(relax.op.reshape(stacked, tensor_shape(c)))
             self._replace(c, stacked)
 

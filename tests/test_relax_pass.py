@@ -159,3 +159,25 @@ def test_cumsum_cumprod_only_when_asked():
     ex = tvm.compile(LowerScans("llvm")(fused), target=tvm.target.Target("llvm"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     assert_matches([out[0].numpy()], expect(Cumulative(), (x,)))
+
+
+class StackElsewhere(torch.nn.Module):
+    """States stacked on another axis than the one the inputs are sliced along, and in
+    reverse time order (``outs`` appended while walking backwards)."""
+
+    def forward(self, x, g):
+        h, outs = torch.zeros_like(x[:, 0]), []
+        for t in reversed(range(x.shape[1])):
+            h = g[:, t] * h + x[:, t]
+            outs.append(h)
+        return torch.stack(outs, 0), torch.cat(outs, 1)
+
+
+def test_stack_on_another_axis_and_order():
+    args = inputs(length=7)[:2]
+    model = StackElsewhere()
+    mod = sw.from_torch(model, args)
+    (rec,) = sw.find_recurrences(mod)
+    assert rec.reverse and rec.axis == 1
+    assert scans_in(sw.FuseAffineRecurrences()(mod)) == 1
+    assert_matches(run_compiled(mod, args), expect(model, args))
