@@ -13,13 +13,12 @@ the chunks are replayed from their carries (in parallel): 5 passes over memory i
 but every core works.
 """
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_tvm.algebra import IDENTITY, apply, compose
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .layout import ScanLayout, named
+from .layout import build_plain, named
 
 NAME = "cpu"
 TARGET = "cpu"
@@ -47,17 +46,7 @@ def default_config(spec, cores=2):
 
 def generate(spec: AffineScanSpec, group=4, chunks=1):
     """The scheduled PrimFunc ``scanweaver_scan`` for ``spec``."""
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("scanweaver_scan")
-            T.func_attr({"tirx.noalias": True})
-            lay = ScanLayout(spec)
-            lay.declare_views()
-            if chunks > 1:
-                _chunked(lay, group, chunks)
-            else:
-                _lanes(lay, group)
-    return ib.get()
+    return build_plain(spec, lambda lay: _chunked(lay, group, chunks) if chunks > 1 else _lanes(lay, group))
 
 
 def _group_loop(lay, group):

@@ -8,13 +8,12 @@ reconstruction: ``h_t = apply(compose(prefix_t, pair_t), carry)``.  The carry ru
 tiles, so any L works.  Work-efficient (O(L) composes) with O(log tile) barriers per tile.
 """
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_tvm.algebra import IDENTITY, apply, compose
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .layout import ScanLayout, named
+from .layout import build_plain, named
 
 NAME = "blelloch"
 TARGET = "cuda"
@@ -70,66 +69,63 @@ def generate(spec: AffineScanSpec, threads=128):
     tile = 2 * threads
     levels = tile.bit_length() - 1
     one, zero = (tirx.const(v, "float32") for v in IDENTITY)
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("scanweaver_scan")
-            T.func_attr({"tirx.noalias": True})
-            lay = ScanLayout(spec)
-            lay.declare_views()
-            n_tiles = (lay.length + tile - 1) // tile
-            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, lay.lanes):
-                with T.launch_thread(tx, threads):
-                    named("lane", bx)
-                    named("tx", tx)
-                    coords = lay.coords(bx)
-                    sa = named("shared_a", T.alloc_buffer((tile,), "float32", scope="shared"))
-                    su = named("shared_u", T.alloc_buffer((tile,), "float32", scope="shared"))
-                    own_a = named("own_a", T.alloc_buffer((2,), "float32", scope="local"))
-                    own_u = named("own_u", T.alloc_buffer((2,), "float32", scope="local"))
-                    total = named("total", T.alloc_buffer((2,), "float32", scope="local"))
-                    node = named("node", T.alloc_buffer((4,), "float32", scope="local"))
-                    carry = named("carry", T.alloc_buffer((1,), "float32", scope="local"))
-                    T.buffer_store(carry, lay.load_h0(coords), [0])
-                    with T.serial(0, n_tiles) as it:
-                        named("tile", it)
-                        # stage: thread tx owns slots tx and tx + threads (coalesced loads)
-                        with T.unroll(0, 2) as j:
-                            slot = tx + j * threads
-                            step = it * tile + slot
-                            pair = lay.load_pair(coords, lay.time(step))
-                            T.buffer_store(own_a, T.if_then_else(step < lay.length, pair[0], one), [j])
-                            T.buffer_store(own_u, T.if_then_else(step < lay.length, pair[1], zero), [j])
-                            T.buffer_store(sa, own_a[j], [slot])
-                            T.buffer_store(su, own_u[j], [slot])
-                        _barrier()
-                        # upsweep: slot right <- compose(left, right) up the tree
-                        for d in range(levels):
-                            _tree_level(sa, su, node, tx, tx < (tile >> (d + 1)), 1 << d, up=True)
-                        # root: keep the tile total, then clear the root to the identity
-                        T.buffer_store(total, sa[tile - 1], [0])
-                        T.buffer_store(total, su[tile - 1], [1])
-                        _barrier()
-                        with T.If(tx == 0):
+
+    def body(lay):
+        n_tiles = (lay.length + tile - 1) // tile
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, lay.lanes):
+            with T.launch_thread(tx, threads):
+                named("lane", bx)
+                named("tx", tx)
+                coords = lay.coords(bx)
+                sa = named("shared_a", T.alloc_buffer((tile,), "float32", scope="shared"))
+                su = named("shared_u", T.alloc_buffer((tile,), "float32", scope="shared"))
+                own_a = named("own_a", T.alloc_buffer((2,), "float32", scope="local"))
+                own_u = named("own_u", T.alloc_buffer((2,), "float32", scope="local"))
+                total = named("total", T.alloc_buffer((2,), "float32", scope="local"))
+                node = named("node", T.alloc_buffer((4,), "float32", scope="local"))
+                carry = named("carry", T.alloc_buffer((1,), "float32", scope="local"))
+                T.buffer_store(carry, lay.load_h0(coords), [0])
+                with T.serial(0, n_tiles) as it:
+                    named("tile", it)
+                    # stage: thread tx owns slots tx and tx + threads (coalesced loads)
+                    with T.unroll(0, 2) as j:
+                        slot = tx + j * threads
+                        step = it * tile + slot
+                        pair = lay.load_pair(coords, lay.time(step))
+                        T.buffer_store(own_a, T.if_then_else(step < lay.length, pair[0], one), [j])
+                        T.buffer_store(own_u, T.if_then_else(step < lay.length, pair[1], zero), [j])
+                        T.buffer_store(sa, own_a[j], [slot])
+                        T.buffer_store(su, own_u[j], [slot])
+                    _barrier()
+                    # upsweep: slot right <- compose(left, right) up the tree
+                    for d in range(levels):
+                        _tree_level(sa, su, node, tx, tx < (tile >> (d + 1)), 1 << d, up=True)
+                    # root: keep the tile total, then clear the root to the identity
+                    T.buffer_store(total, sa[tile - 1], [0])
+                    T.buffer_store(total, su[tile - 1], [1])
+                    _barrier()
+                    with T.If(tx == 0):
+                        with T.Then():
+                            T.buffer_store(sa, one, [tile - 1])
+                            T.buffer_store(su, zero, [tile - 1])
+                    _barrier()
+                    # downsweep: left <- parent's prefix, right <- compose(parent, old left)
+                    for d in reversed(range(levels)):
+                        _tree_level(sa, su, node, tx, tx < (tile >> (d + 1)), 1 << d, up=False)
+                    # reconstruction: inclusive prefix of each owned slot, applied to the carry
+                    with T.unroll(0, 2) as j:
+                        slot = tx + j * threads
+                        step = it * tile + slot
+                        incl = compose((sa[slot], su[slot]), (own_a[j], own_u[j]))
+                        with T.If(step < lay.length):
                             with T.Then():
-                                T.buffer_store(sa, one, [tile - 1])
-                                T.buffer_store(su, zero, [tile - 1])
-                        _barrier()
-                        # downsweep: left <- parent's prefix, right <- compose(parent, old left)
-                        for d in reversed(range(levels)):
-                            _tree_level(sa, su, node, tx, tx < (tile >> (d + 1)), 1 << d, up=False)
-                        # reconstruction: inclusive prefix of each owned slot, applied to the carry
-                        with T.unroll(0, 2) as j:
-                            slot = tx + j * threads
-                            step = it * tile + slot
-                            incl = compose((sa[slot], su[slot]), (own_a[j], own_u[j]))
-                            with T.If(step < lay.length):
-                                with T.Then():
-                                    lay.store_state(coords, lay.time(step), apply(incl, carry[0]))
-                        T.buffer_store(carry, apply((total[0], total[1]), carry[0]), [0])
-                        _barrier()
-                    if lay.last is not None:
-                        with T.If(tx == 0):
-                            with T.Then():
-                                lay.store_last(coords, carry[0])
-    return ib.get()
+                                lay.store_state(coords, lay.time(step), apply(incl, carry[0]))
+                    T.buffer_store(carry, apply((total[0], total[1]), carry[0]), [0])
+                    _barrier()
+                if lay.last is not None:
+                    with T.If(tx == 0):
+                        with T.Then():
+                            lay.store_last(coords, carry[0])
+
+    return build_plain(spec, body)

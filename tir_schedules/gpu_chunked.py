@@ -7,14 +7,13 @@ into the state entering each chunk; (3) one block per (lane, chunk) replays its 
 that state with the warp tile scan and writes the states.  Reads a and b twice (5 memory
 passes instead of 3) to buy ``chunks`` times more parallelism.
 """
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_tvm.algebra import IDENTITY, apply, compose
 from scanweaver_tvm.spec import AffineScanSpec
 
 from .gpu_warp import WARP, WarpTileScan, set_pair
-from .layout import ScanLayout, named
+from .layout import build_plain, named
 
 NAME = "chunked"
 TARGET = "cuda"
@@ -36,57 +35,54 @@ def generate(spec: AffineScanSpec, warps=4, items=4, chunks=8):
     """The PrimFunc ``scanweaver_scan`` (three kernel launches)."""
     if chunks < 1:
         raise ValueError(f"chunks: {chunks} must be >= 1")
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("scanweaver_scan")
-            T.func_attr({"tirx.noalias": True})
-            lay = ScanLayout(spec)
-            lay.declare_views()
-            tile = WARP * warps * items
-            tiles_per_chunk = ((lay.length + tile - 1) // tile + chunks - 1) // chunks
-            chunk_len = tiles_per_chunk * tile
-            agg = named("chunk_pairs", T.alloc_buffer((lay.lanes, chunks, 2), "float32"))
-            entry = named("chunk_entry", T.alloc_buffer((lay.lanes, chunks), "float32"))
 
-            def per_chunk_kernel(write):
-                bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-                with T.launch_thread(bx, lay.lanes * chunks):
-                    with T.launch_thread(tx, WARP * warps):
-                        lane, chunk = bx // chunks, bx % chunks
-                        coords = lay.coords(lane)
-                        scan = WarpTileScan(lay, coords, tx, warps, items)
-                        acc = named("chunk_acc", T.alloc_buffer((2,), "float32", scope="local"))
-                        set_pair(acc, IDENTITY)
-                        T.buffer_store(scan.carry, entry[lane, chunk] if write else 0.0, [0])
-                        with T.serial(0, tiles_per_chunk) as it:
-                            start = chunk * chunk_len + it * tile
-                            scan.scan_tile(start, lay.length, write=write)
-                            if write:
-                                T.buffer_store(scan.carry, apply((scan.total[0], scan.total[1]), scan.carry[0]), [0])
-                            else:
-                                set_pair(acc, compose((acc[0], acc[1]), (scan.total[0], scan.total[1])))
-                        if not write:
-                            with T.If(tx == 0):
-                                with T.Then():
-                                    T.buffer_store(agg, acc[0], [lane, chunk, 0])
-                                    T.buffer_store(agg, acc[1], [lane, chunk, 1])
-                        elif lay.last is not None:
-                            with T.If((tx == 0) & (chunk == chunks - 1)):
-                                with T.Then():
-                                    lay.store_last(coords, scan.carry[0])
+    def body(lay):
+        tile = WARP * warps * items
+        tiles_per_chunk = ((lay.length + tile - 1) // tile + chunks - 1) // chunks
+        chunk_len = tiles_per_chunk * tile
+        agg = named("chunk_pairs", T.alloc_buffer((lay.lanes, chunks, 2), "float32"))
+        entry = named("chunk_entry", T.alloc_buffer((lay.lanes, chunks), "float32"))
 
-            per_chunk_kernel(write=False)
-            # the state entering each chunk: one thread per lane, serial over chunks
+        def per_chunk_kernel(write):
             bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, (lay.lanes + WARP - 1) // WARP):
-                with T.launch_thread(tx, WARP):
-                    lane = bx * WARP + tx
-                    with T.If(lane < lay.lanes):
-                        with T.Then():
-                            h = named("h", T.alloc_buffer((1,), "float32", scope="local"))
-                            T.buffer_store(h, lay.load_h0(lay.coords(lane)), [0])
-                            with T.serial(0, chunks) as c:
-                                T.buffer_store(entry, h[0], [lane, c])
-                                T.buffer_store(h, apply((agg[lane, c, 0], agg[lane, c, 1]), entry[lane, c]), [0])
-            per_chunk_kernel(write=True)
-    return ib.get()
+            with T.launch_thread(bx, lay.lanes * chunks):
+                with T.launch_thread(tx, WARP * warps):
+                    lane, chunk = bx // chunks, bx % chunks
+                    coords = lay.coords(lane)
+                    scan = WarpTileScan(lay, coords, tx, warps, items)
+                    acc = named("chunk_acc", T.alloc_buffer((2,), "float32", scope="local"))
+                    set_pair(acc, IDENTITY)
+                    T.buffer_store(scan.carry, entry[lane, chunk] if write else 0.0, [0])
+                    with T.serial(0, tiles_per_chunk) as it:
+                        start = chunk * chunk_len + it * tile
+                        scan.scan_tile(start, lay.length, write=write)
+                        if write:
+                            T.buffer_store(scan.carry, apply((scan.total[0], scan.total[1]), scan.carry[0]), [0])
+                        else:
+                            set_pair(acc, compose((acc[0], acc[1]), (scan.total[0], scan.total[1])))
+                    if not write:
+                        with T.If(tx == 0):
+                            with T.Then():
+                                T.buffer_store(agg, acc[0], [lane, chunk, 0])
+                                T.buffer_store(agg, acc[1], [lane, chunk, 1])
+                    elif lay.last is not None:
+                        with T.If((tx == 0) & (chunk == chunks - 1)):
+                            with T.Then():
+                                lay.store_last(coords, scan.carry[0])
+
+        per_chunk_kernel(write=False)
+        # the state entering each chunk: one thread per lane, serial over chunks
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, (lay.lanes + WARP - 1) // WARP):
+            with T.launch_thread(tx, WARP):
+                lane = bx * WARP + tx
+                with T.If(lane < lay.lanes):
+                    with T.Then():
+                        h = named("h", T.alloc_buffer((1,), "float32", scope="local"))
+                        T.buffer_store(h, lay.load_h0(lay.coords(lane)), [0])
+                        with T.serial(0, chunks) as c:
+                            T.buffer_store(entry, h[0], [lane, c])
+                            T.buffer_store(h, apply((agg[lane, c, 0], agg[lane, c, 1]), entry[lane, c]), [0])
+        per_chunk_kernel(write=True)
+
+    return build_plain(spec, body)

@@ -8,13 +8,12 @@ lane, tiles of ``32*warps*items`` steps with a running carry, so any L works.  T
 per tile instead of the Blelloch tree's 4*log2(tile).
 """
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_tvm.algebra import IDENTITY, apply, compose
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .layout import ScanLayout, named
+from .layout import build_plain, named
 
 NAME = "warp"
 TARGET = "cuda"
@@ -129,27 +128,24 @@ def generate(spec: AffineScanSpec, warps=4, items=4):
     """The PrimFunc ``scanweaver_scan``: one block of ``32*warps`` threads per lane."""
     if not 1 <= warps <= 32 or not 1 <= items <= 16:
         raise ValueError(f"warps={warps}, items={items}: need 1 <= warps <= 32, 1 <= items <= 16")
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("scanweaver_scan")
-            T.func_attr({"tirx.noalias": True})
-            lay = ScanLayout(spec)
-            lay.declare_views()
-            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, lay.lanes):
-                with T.launch_thread(tx, WARP * warps):
-                    named("lane", bx)
-                    named("tx", tx)
-                    coords = lay.coords(bx)
-                    scan = WarpTileScan(lay, coords, tx, warps, items)
-                    T.buffer_store(scan.carry, lay.load_h0(coords), [0])
-                    n_tiles = (lay.length + scan.tile - 1) // scan.tile
-                    with T.serial(0, n_tiles) as it:
-                        named("tile", it)
-                        scan.scan_tile(it * scan.tile, lay.length)
-                        T.buffer_store(scan.carry, apply((scan.total[0], scan.total[1]), scan.carry[0]), [0])
-                    if lay.last is not None:
-                        with T.If(tx == 0):
-                            with T.Then():
-                                lay.store_last(coords, scan.carry[0])
-    return ib.get()
+
+    def body(lay):
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, lay.lanes):
+            with T.launch_thread(tx, WARP * warps):
+                named("lane", bx)
+                named("tx", tx)
+                coords = lay.coords(bx)
+                scan = WarpTileScan(lay, coords, tx, warps, items)
+                T.buffer_store(scan.carry, lay.load_h0(coords), [0])
+                n_tiles = (lay.length + scan.tile - 1) // scan.tile
+                with T.serial(0, n_tiles) as it:
+                    named("tile", it)
+                    scan.scan_tile(it * scan.tile, lay.length)
+                    T.buffer_store(scan.carry, apply((scan.total[0], scan.total[1]), scan.carry[0]), [0])
+                if lay.last is not None:
+                    with T.If(tx == 0):
+                        with T.Then():
+                            lay.store_last(coords, scan.carry[0])
+
+    return build_plain(spec, body)

@@ -117,6 +117,19 @@ class ScanLayout:
             T.buffer_store(self.views["last"], from_f32(h, self.spec.dtype), list(coords))
 
 
+def build_plain(spec, emit_body):
+    """A plain-scan PrimFunc ``scanweaver_scan``: arguments and views declared, then
+    ``emit_body(layout)`` writes the schedule."""
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("scanweaver_scan")
+            T.func_attr({"tirx.noalias": True})
+            lay = ScanLayout(spec)
+            lay.declare_views()
+            emit_body(lay)
+    return ib.get()
+
+
 def to_f32(x, dtype):
     """Widen a load of ``dtype`` to the float32 accumulator."""
     return x if dtype == "float32" else tirx.Cast("float32", x)
