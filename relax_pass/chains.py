@@ -7,6 +7,7 @@ state, mixed or skipped indices) are reported with the reason and never rewritte
 """
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import relax
 
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
@@ -146,7 +147,7 @@ def _chain(function_name, an, steps, readings):
     p0, a0, b0, _, tb = readings[0]
     initial = None if an.is_zeros(p0) else p0
     states = list(steps)
-    t_prev = an.template(p0) if isinstance(p0, relax.Var) else None
+    t_prev = an.template(_drop_zero_term(an, p0)) if isinstance(p0, relax.Var) else None
     if initial is not None and t_prev is not None and t_prev.key == tb.key and t_prev.index == indices[0] - direction:
         states.insert(0, p0)              # h_0 = b_0: the same as a step from zero
         indices.insert(0, indices[0] - direction)
@@ -158,6 +159,17 @@ def _chain(function_name, an, steps, readings):
         return _rejected(function_name, steps, axis)
     return Recurrence(function_name, "affine", len(states), axis, direction < 0, shape, dtype, tuple(names),
                       states=states, initial=initial, a=a0, b=b0, indices=tuple(indices), analysis=an)
+
+
+def _drop_zero_term(an, var):
+    """``x`` when ``var = zeros + x`` (what FoldConstant leaves of ``a_0 * zeros + b_0``)."""
+    value = an.value.get(var)
+    if op_name(value) == "relax.add":
+        x, y = value.args
+        for zero, other in ((x, y), (y, x)):
+            if isinstance(zero, tvm.ir.expr.GenericConst) and an.is_zeros(zero) and isinstance(other, relax.Var):
+                return other
+    return var
 
 
 def _scan_axis(an, exprs, rank):

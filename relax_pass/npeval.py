@@ -1,10 +1,11 @@
 """Evaluate small Relax subgraphs with numpy, to check what they compute.
 
-The selective-scan matcher must know that a chain of ``expand_dims``/``permute_dims``/
-``reshape`` puts ``delta[b, d, l]`` at ``[b, d, l, 0]``, or that a per-step readout built from
-``matmul`` and reshapes is ``einsum('bdn,bn->bd', h, C_t)``.  Running those few view/linear ops
-on probe inputs (an ``arange`` tensor reveals an index mapping exactly; random inputs check a
-bilinear map) answers that for any way the frontend happened to write it.
+The selective-scan matcher must know that ``exp``'s argument is ``delta[b, d, l] * A[d, n]``
+and the step input ``delta*B*u`` with the right index placement, or that a per-step readout is
+``einsum('bdn,bn->bd', h, C_t)``, however the frontend wrote them: broadcast ``multiply``s of
+``expand_dims``/``permute_dims``/``reshape`` views and ``matmul``s (PyTorch), or one ``einsum``
+each (ONNX).  Running those few view/linear ops on random probe inputs checks the multilinear
+map they compute against the intended einsum, for any spelling.
 """
 import numpy as np
 import tvm
@@ -46,10 +47,23 @@ def _apply(name, call, args):
         return args[0] + args[1]
     if name == "relax.sum":
         return np.sum(args[0], axis=None if a.axis is None else tuple(_ints(a.axis)), keepdims=bool(a.keepdims))
+    if name == "relax.einsum":
+        return np.einsum(str(a.subscripts), *args)
     raise KeyError(name)
 
 
-SUPPORTED = VIEW_OPS + ("relax.matmul", "relax.multiply", "relax.add", "relax.sum")
+SUPPORTED = VIEW_OPS + ("relax.matmul", "relax.multiply", "relax.add", "relax.sum", "relax.einsum")
+
+
+def inputs(call):
+    """The tensors a supported op reads: not the target shape of ``reshape``/``broadcast_to``,
+    and the fields of ``einsum``'s operand tuple."""
+    name = op_name(call)
+    if name in ("relax.reshape", "relax.broadcast_to"):
+        return list(call.args[:1])
+    if name == "relax.einsum" and isinstance(call.args[0], relax.Tuple):
+        return list(call.args[0].fields)
+    return list(call.args)
 
 
 def evaluate(value_of, expr, env):
@@ -66,7 +80,7 @@ def evaluate(value_of, expr, env):
             name = op_name(call)
             if name not in SUPPORTED:
                 raise KeyError(name)
-            args = [go(x) for x in (call.args[:1] if name in ("relax.reshape", "relax.broadcast_to") else call.args)]
+            args = [go(x) for x in inputs(call)]
             memo[e] = _apply(name, call, args)
             return memo[e]
         if isinstance(e, tvm.ir.expr.GenericConst):

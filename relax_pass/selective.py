@@ -4,18 +4,20 @@
 slices of ``exp(delta*A)`` and ``delta*B*u`` (two (B, D, L, N) tensors), read out each step by
 ``einsum('bdn,bn->bd', h, C_t)`` and stacked.  When every piece checks out, the chain, the two
 (B, D, L, N) tensors and the readouts become ONE ``scanweaver.selective_scan`` on the original
-``u, delta, A, B, C``.  The views and the readout are checked by evaluating them with numpy on
-probe inputs (``npeval``), so it does not matter how the frontend spelled the einsums.
+``u, delta, A, B, C``.  The coefficient tensors and the readout are checked by evaluating them
+with numpy on probe inputs (``npeval``), so it does not matter how the frontend spelled the
+einsums: broadcast ``multiply``s of views (PyTorch) or ``relax.einsum`` (ONNX) alike.
 Anything unexpected returns a reason, and the chain stays a plain affine scan.
 """
 from dataclasses import dataclass
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from scanweaver_tvm.spec import SelectiveScanSpec
 
-from .npeval import SUPPORTED, evaluate, multiply_factors, viewed_tensor
+from .npeval import SUPPORTED, evaluate, inputs, multiply_factors, viewed_tensor
 from .steps import op_name, tensor_dtype, tensor_shape
 
 
@@ -28,18 +30,28 @@ class SelectiveMatch:
     last_users: bool        # the final state is used elsewhere (return it too)
 
 
-def _view_is(value_of, view, base, expected):
-    """Does ``view`` of ``base`` place ``base[i]`` where ``expected(iota)`` says?"""
-    iota = np.arange(np.prod(tensor_shape(base)), dtype=np.float64).reshape(tensor_shape(base))
-    got = evaluate(value_of, view, {base: iota})
-    want = expected(iota)
-    if got is None:
-        return False
-    try:
-        full = np.broadcast_shapes(got.shape, want.shape)
-    except ValueError:
-        return False
-    return np.array_equal(np.broadcast_to(got, full), np.broadcast_to(want, full))
+def _factors(value_of, expr):
+    """The operands of the product ``expr``: the leaves of a ``multiply`` tree or the operands of
+    an ``einsum``; [] for anything else.  (What they are multiplied into is checked by
+    ``_computes``.)"""
+    call = value_of.get(expr) if isinstance(expr, relax.Var) else None
+    if op_name(call) == "relax.multiply":
+        return multiply_factors(value_of, expr)
+    if op_name(call) == "relax.einsum":
+        return inputs(call)
+    return []
+
+
+def _computes(value_of, expr, operands, equation):
+    """Does ``expr`` equal ``np.einsum(equation, *operands)``, shape included?  Checked by
+    evaluating it (supported ops only, down to ``operands``) on random operands; an operand that
+    is a constant keeps its value, as it will in the scan."""
+    rng = np.random.default_rng(1)
+    values = [o.value.numpy().astype(np.float64) if isinstance(o, tvm.ir.GenericConst)
+              else rng.standard_normal(tensor_shape(o)) for o in operands]
+    got = evaluate(value_of, expr, {o: v for o, v in zip(operands, values) if isinstance(o, relax.Var)})
+    want = np.einsum(equation, *values)
+    return got is not None and got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=0)
 
 
 def _readout(value_of, y, state, time):
@@ -60,8 +72,7 @@ def _readout(value_of, y, state, time):
         if name not in SUPPORTED:
             return None
         bindings.add(v)
-        stack.extend(a for a in call.args[:1 if name in ("relax.reshape", "relax.broadcast_to") else None]
-                     if isinstance(a, relax.Var))
+        stack.extend(a for a in inputs(call) if isinstance(a, relax.Var))
     if len(leaves) != 1:
         return None
     (c_slice, (c, axis, idx)), = leaves.items()
@@ -81,18 +92,17 @@ def match_selective(rec, value_of, users):
     if op_name(slice_a) != "relax.take" or op_name(slice_b) != "relax.take":
         return "coefficients are not slices of (B, D, L, N) tensors"
     decay = value_of.get(slice_a.args[0])
-    if op_name(decay) != "relax.exp" or op_name(value_of.get(decay.args[0])) != "relax.multiply":
+    factors = _factors(value_of, decay.args[0]) if op_name(decay) == "relax.exp" else []
+    if len(factors) != 2:
         return "a_t is not a slice of exp(delta * A)"
     bdl, dn, bnl = (batch, dim, length), (dim, dstate), (batch, dstate, length)
-    p, q = value_of[decay.args[0]].args
-    bases = {tensor_shape(b): (x, b) for x in (p, q) for b in [viewed_tensor(value_of, x, (bdl, dn))] if b is not None}
+    bases = {tensor_shape(b): b for x in factors for b in [viewed_tensor(value_of, x, (bdl, dn))] if b is not None}
     if set(bases) != {bdl, dn}:
         return "exp() argument is not delta (B, D, L) times A (D, N)"
-    (dview, delta), (aview, A) = bases[bdl], bases[dn]
-    if not (_view_is(value_of, dview, delta, lambda x: x[:, :, :, None])
-            and _view_is(value_of, aview, A, lambda x: x[None, :, None, :])):
+    delta, A = bases[bdl], bases[dn]
+    if not _computes(value_of, decay.args[0], [delta, A], "bdl,dn->bdln"):
         return "delta or A is not broadcast as delta[b, d, l] * A[d, n]"
-    factors = multiply_factors(value_of, slice_b.args[0])
+    factors = _factors(value_of, slice_b.args[0])
     by_base = {}
     for f in factors:
         by_base.setdefault(viewed_tensor(value_of, f, (bdl, bnl)), []).append(f)
@@ -101,10 +111,7 @@ def match_selective(rec, value_of, users):
         return "b_t is not a slice of delta * B * u"
     B = next((b for b in others if tensor_shape(b) == bnl), None)
     u = next((b for b in others if tensor_shape(b) == bdl), None)
-    if B is None or u is None or not (
-            _view_is(value_of, by_base[B][0], B, lambda x: x.transpose(0, 2, 1)[:, None])
-            and _view_is(value_of, by_base[u][0], u, lambda x: x[:, :, :, None])
-            and _view_is(value_of, by_base[delta][0], delta, lambda x: x[:, :, :, None])):
+    if B is None or u is None or not _computes(value_of, slice_b.args[0], [delta, B, u], "bdl,bnl,bdl->bdln"):
         return "b_t is not delta[b, d, l] * B[b, n, l] * u[b, d, l]"
     return _match_readout(rec, value_of, users, [u, delta, A, B])
 

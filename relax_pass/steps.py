@@ -105,6 +105,9 @@ class Analysis:
         shape, dtype = tensor_shape(var), tensor_dtype(var)
 
         def is_state(x):
+            # a variable, or a zero constant (ONNX exports the zero initial state as one)
+            if isinstance(x, tvm.ir.expr.GenericConst):
+                return tuple(x.value.shape) == shape and str(x.value.dtype) == dtype and self.is_zeros(x)
             return isinstance(x, relax.Var) and tensor_shape(x) == shape and tensor_dtype(x) == dtype
 
         out = []

@@ -12,6 +12,14 @@ How it plugs in: TVM keeps its converter table in ``_get_convert_map()``, with n
 hook.  ``_Importer`` subclasses TVM's ``ONNXGraphImporter`` and overrides the table's two users:
 the unsupported-op check (run on the graph minus Scan/Loop) and ``_convert_operator`` (Scan/Loop
 come here, the rest goes to TVM).  Nothing in TVM is patched; its own ``from_onnx`` is unchanged.
+
+Three more departures from TVM's converters, for models exported with fixed sizes (the
+``torch.onnx`` TorchScript exporter unrolls a Python loop over time): ``Shape``/``Size`` of
+statically shaped tensors become constants before conversion (``_fold_static_shapes``: else
+shapes computed from them turn symbolic), ``Gather`` at a constant index is a plain ``take``
+(``_gather_constant_index``: no run-time index normalization to fold, per unrolled step), and
+``Einsum`` stays a ``relax.einsum`` op instead of an opaque ``call_tir`` (so the selective-scan
+matcher can see and evaluate it; it legalizes to the same TE kernel).
 """
 import contextlib
 import io
@@ -19,6 +27,7 @@ import sys
 from collections import namedtuple
 from pathlib import Path
 
+import numpy as np
 import onnx
 import tvm
 from onnx import numpy_helper
@@ -52,7 +61,7 @@ _Aff = namedtuple("_Aff", "a b")
 def from_onnx(model):
     """Load ``model`` (path or ``onnx.ModelProto``), convert it with TVM's relax frontend plus
     the ``Scan``/``Loop`` converters here, fold constants; return the IRModule."""
-    model = _load(model)
+    model = _fold_static_shapes(_load(model))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     captured, ours = io.StringIO(), False
     try:
@@ -85,6 +94,59 @@ def _load(model):
     return model
 
 
+def _fold_static_shapes(model):
+    """``model`` with every ``Shape``/``Size`` node whose input has a fully static shape
+    replaced by a ``Constant`` node holding that shape (or element count); same output names.
+
+    Why: exporters compute reshape/slice targets *from* ``Shape`` (``torch.onnx`` writes
+    ``xz.chunk(2, dim=1)`` as ``Shape -> Gather([1]) -> Add -> Div -> Mul -> Slice``).  TVM's
+    importer turns ``Shape`` into a ``ShapeExpr``, but a Gather with a 1-element (not 0-D) index
+    makes it a run-time tensor again (``shape_to_tensor``, ``take``, ``where``), the arithmetic
+    after it stays run-time tensor ops, and the ``Slice`` gets non-constant bounds: a
+    ``dynamic_strided_slice`` whose result has an unknown shape (rank only).  Every op after it
+    inherits that, and TVM's Einsum converter fails (``emit_te`` needs a ``ShapeExpr`` shape);
+    FoldConstant later folds the values, but the shapes stay unknown.  The shapes are in fact
+    known: ONNX shape inference (with data propagation, so shapes computed from ``Shape`` values
+    are inferred too) gives every tensor of a model exported with fixed sizes a static shape.
+    As constants, TVM's converters fold ``Gather``/``Add``/``Div``/... in numpy at import and
+    the ``Slice``/``Reshape`` targets are plain integers.  A ``Shape`` whose input is not fully
+    known (a dynamic axis) is left to TVM as before, and so is any model shape inference rejects.
+    Only the main graph is rewritten (Scan/Loop bodies are converted by ``_Lifter``).
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # pylint: disable=broad-except  # inference is an optimization only
+        return model
+    graph = inferred.graph
+    static = {init.name: tuple(init.dims) for init in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.HasField("shape") and all(
+                d.HasField("dim_value") for d in t.shape.dim):
+            static.setdefault(vi.name, tuple(d.dim_value for d in t.shape.dim))
+    nodes, changed = [], False
+    for node in model.graph.node:
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
+                and node.input and node.input[0] in static:
+            dims = static[node.input[0]]
+            if node.op_type == "Size":
+                value = np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+            else:  # opset >= 15: optional start/end (negative: from the back, clamped)
+                attrs = {a.name: a.i for a in node.attribute}
+                value = np.array(dims[slice(attrs.get("start", 0), attrs.get("end"))], dtype=np.int64)
+            node = onnx.helper.make_node("Constant", [], list(node.output), name=node.name,
+                                         value=numpy_helper.from_array(value))
+            changed = True
+        nodes.append(node)
+    if not changed:
+        return model
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    del folded.graph.node[:]
+    folded.graph.node.extend(nodes)
+    return folded
+
+
 class _Importer(_tvm_onnx.ONNXGraphImporter):
     """TVM's importer, with ``Scan`` and ``Loop`` converted here (see the module docstring)."""
 
@@ -93,10 +155,46 @@ class _Importer(_tvm_onnx.ONNXGraphImporter):
             onnx.GraphProto(node=[n for n in graph.node if n.op_type not in _CONVERTERS]))
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
+        if op_name == "Einsum":
+            # TVM's converter emits ``topi.einsum`` as an opaque ``call_tir`` right away; the
+            # ``relax.einsum`` op legalizes to the same TE later, but until then passes (our
+            # selective-scan matcher) can see and evaluate what the einsum computes.
+            eq = attrs["equation"]
+            eq = eq.decode("utf-8") if isinstance(eq, bytes) else eq
+            return self.bb.normalize(relax.op.einsum(list(inputs), eq))
+        if op_name == "Gather":
+            take = _gather_constant_index(inputs[0], inputs[1], attrs.get("axis", 0))
+            if take is not None:
+                return self.bb.normalize(take)
         if op_name not in _CONVERTERS:
             return super()._convert_operator(op_name, inputs, attrs, opset)
         where = f"{op_name} node '{attrs['tvm_custom']['name']}'"
         return self.bb.normalize(_CONVERTERS[op_name](self, list(inputs), attrs, opset, where))
+
+
+def _gather_constant_index(data, indices, axis):
+    """``take(data, indices, axis)`` for a Gather of a tensor with a static extent along ``axis``
+    at constant in-range ``indices``, negative ones made positive here; else None (TVM converts).
+
+    TVM's converter normalizes negative indices at run time (``shape_of``, ``take``, ``add``,
+    ``where``), and FoldConstant then folds those ops one by one, building a kernel for each:
+    about 0.3 s per unrolled step of an exported loop (``x[:, t]`` is one Gather per step)."""
+    if not isinstance(indices, tvm.ir.GenericConst) or isinstance(data, tvm.ir.GenericConst):
+        return None
+    ty = getattr(data, "ty", None)
+    shape = getattr(ty, "shape", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(shape, relax.ShapeExpr):
+        return None
+    idx = indices.value.numpy()
+    rank = len(shape.values)
+    if idx.dtype.kind not in "iu" or not -rank <= axis < rank \
+            or not isinstance(shape.values[axis], tvm.tirx.IntImm):
+        return None
+    extent = int(shape.values[axis])
+    if idx.size and not ((idx >= -extent) & (idx < extent)).all():
+        return None
+    return relax.op.take(data, relax.const(np.where(idx < 0, idx + extent, idx).astype(idx.dtype)),
+                         axis % rank)
 
 
 def _shape(expr, what):

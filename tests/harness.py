@@ -55,3 +55,31 @@ def check_plain(kernel, spec, rng, length=None):
     got = run(kernel, [a, b, h0], shapes, spec.dtype)
     for name, g in zip(spec.outputs, got):
         assert_close(g, want[name], spec.dtype, f"{name} (shape {b.shape}, spec {spec})")
+
+
+def run_model(mod, args, target="llvm", **kwargs):
+    """Compile a Relax module with ScanWeaver (``sw.compile``) and run ``main`` on torch tensors."""
+    import scanweaver_tvm as sw
+    from tvm import relax
+
+    vm = relax.VirtualMachine(sw.compile(mod, target, **kwargs), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def torch_outputs(model, args):
+    """What the PyTorch model returns, as a list of numpy arrays."""
+    import torch
+
+    with torch.no_grad():
+        out = model(*args)
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def assert_outputs_match(got, want, rtol=1e-4):
+    """Same number and shapes of outputs, max error relative to the magnitude within ``rtol``."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        err = np.abs(g - w).max() / max(1.0, np.abs(w).max())
+        assert err <= rtol, f"relative error {err:.2e}"

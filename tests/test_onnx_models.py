@@ -16,6 +16,8 @@ import scanweaver_tvm as sw
 from scanweaver_tvm import models
 from scanweaver_tvm.onnx_frontend import _fold_static_shapes
 
+from harness import assert_outputs_match, run_model, torch_outputs
+
 
 def export(model, args):
     f = io.BytesIO()
@@ -23,26 +25,6 @@ def export(model, args):
         warnings.simplefilter("ignore")  # legacy exporter deprecation, tracer warnings
         torch.onnx.export(model, tuple(args), f, dynamo=False, opset_version=17)
     return onnx.load_from_string(f.getvalue())
-
-
-def run(mod, args):
-    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
-    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
-
-
-def expect(model, args):
-    with torch.no_grad():
-        out = model(*args)
-    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-
-
-def assert_matches(got, want, rtol=1e-4):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        err = np.abs(g - w).max() / max(1.0, np.abs(w).max())
-        assert err <= rtol, f"relative error {err:.2e}"
 
 
 FORMS = {models.ema: "affine", models.linear_rnn: "affine", models.mamba_block: "selective"}
@@ -58,12 +40,11 @@ def test_exported_models_match_pytorch(factory, length):
         assert found == []
     else:
         assert len(found) == 1, sw.find_recurrences(mod, include_rejected=True)
-        assert found[0].form == FORMS[factory]
-        # Mamba: the first step, from ONNX's constant zeros, belongs to the selective scan
-        assert found[0].length == (length if FORMS[factory] == "selective" else length - 1)
+        form = FORMS[factory]
+        assert (found[0].form, found[0].length) == (form, length)    # ONNX's zero start is a step
         fused = sw.FuseAffineRecurrences()(mod).script(show_meta=False)
-        assert ('"scanweaver.selective_scan"' in fused) == (FORMS[factory] == "selective")
-    assert_matches(run(mod, args), expect(model, args))
+        assert fused.count(f'"scanweaver.{form}_scan"') == 1
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 def test_static_shape_and_size_become_constants():
@@ -84,3 +65,22 @@ def test_static_shape_and_size_become_constants():
     assert values["s"].tolist() == [2, 3, 4] and values["t"].tolist() == [3] and values["z"] == 24
     assert [n.op_type for n in folded.graph.node if n.output[0] == "d"] == ["Shape"]
     assert [n.op_type for n in model.graph.node] == ["Shape", "Shape", "Size", "Shape"]  # not mutated
+
+
+def test_gather_at_constant_indices():
+    """Gather at constant indices (negative, and a 2-D index tensor) imports as a plain take."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")]
+    graph = helper.make_graph([
+        helper.make_node("Gather", ["x", "i"], ["y"], axis=1),
+        helper.make_node("Gather", ["x", "j"], ["z"], axis=-1)], "g", [x], outs, initializer=[
+        onnx.numpy_helper.from_array(np.array(-1, np.int64), "i"),
+        onnx.numpy_helper.from_array(np.array([[0, -2], [2, -3]], np.int32), "j")])
+    mod = sw.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    script = mod.script(show_meta=False)
+    assert "shape_of" not in script and "where" not in script
+    data = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    y, z = (o.numpy() for o in vm["main"](tvm.runtime.tensor(data)))
+    np.testing.assert_array_equal(y, data[:, -1])
+    np.testing.assert_array_equal(z, np.take(data, [[0, -2], [2, -3]], axis=-1))

@@ -9,28 +9,8 @@ from tvm import relax
 import scanweaver_tvm as sw
 from scanweaver_tvm import models
 
+from harness import assert_outputs_match, run_model, torch_outputs
 from torch_models import Recurrence, inputs
-
-
-def run_compiled(mod, args, **kwargs):
-    ex = sw.compile(mod, "llvm", **kwargs)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
-    return [o.numpy() for o in out] if hasattr(out, "__len__") and not hasattr(out, "numpy") else [out.numpy()]
-
-
-def expect(model, args):
-    with torch.no_grad():
-        out = model(*args)
-    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-
-
-def assert_matches(got, want, rtol=1e-4):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        err = np.abs(g - w).max() / max(1.0, np.abs(w).max())
-        assert err <= rtol, f"relative error {err:.2e}"
 
 
 def scans_in(mod):
@@ -58,7 +38,7 @@ def test_affine_forms(form, axis, reverse, init, out):
     fused = sw.FuseAffineRecurrences()(mod)
     assert scans_in(fused) == 1
     assert "relax.take" not in str(fused) or out == "middle"
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 @pytest.mark.parametrize("form,why", [("tanh", "relax.tanh"), ("h*h", "not affine in h")])
@@ -72,7 +52,7 @@ def test_near_misses_are_left_alone_and_explained(form, why):
     assert any(why in r.reason for r in rejected), rejected
     fused = sw.FuseAffineRecurrences()(mod)
     tvm.ir.assert_structural_equal(fused, mod)
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 class SkippedStep(torch.nn.Module):
@@ -100,7 +80,7 @@ def test_index_near_misses(model, why):
     assert sw.find_recurrences(mod) == []
     assert any(why in r.reason for r in sw.find_recurrences(mod, include_rejected=True))
     tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 @pytest.mark.parametrize("length", [1, 7, 64])
@@ -110,7 +90,7 @@ def test_models_match_pytorch(factory, length):
     mod = sw.from_torch(model, args)
     found = sw.find_recurrences(mod)
     assert len(found) == (1 if length > 1 else 0)
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 def test_registered_pipeline_and_pipeline_pass():
@@ -119,7 +99,7 @@ def test_registered_pipeline_and_pipeline_pass():
     ex = tvm.compile(mod, target=tvm.target.Target("llvm"), relax_pipeline="scanweaver")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
-    assert_matches([out[0].numpy()], expect(model, args))
+    assert_outputs_match([out[0].numpy()], torch_outputs(model, args))
     lowered = sw.pipeline("llvm")(mod)
     assert "scanweaver_scan" in lowered.script(show_meta=False)      # the scheduled TIR is in the module
     assert "call_pure_packed" not in lowered.script(show_meta=False)
@@ -136,7 +116,7 @@ def test_mamba_becomes_one_fused_selective_scan(batch):
     text = sw.pipeline("llvm")(mod).script(show_meta=False)
     assert text.count("R.call_tir(cls.scanweaver_scan") == 1
     assert f"R.Tensor(({batch}, 64, 16, 16)" not in text
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
 class Cumulative(torch.nn.Module):
@@ -158,7 +138,7 @@ def test_cumsum_cumprod_only_when_asked():
     from relax_pass.lower import LowerScans
     ex = tvm.compile(LowerScans("llvm")(fused), target=tvm.target.Target("llvm"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    assert_matches([out[0].numpy()], expect(Cumulative(), (x,)))
+    assert_outputs_match([out[0].numpy()], torch_outputs(Cumulative(), (x,)))
 
 
 class StackElsewhere(torch.nn.Module):
@@ -180,4 +160,4 @@ def test_stack_on_another_axis_and_order():
     (rec,) = sw.find_recurrences(mod)
     assert rec.reverse and rec.axis == 1
     assert scans_in(sw.FuseAffineRecurrences()(mod)) == 1
-    assert_matches(run_compiled(mod, args), expect(model, args))
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
