@@ -49,10 +49,15 @@ def _apply(name, call, args):
         return np.sum(args[0], axis=None if a.axis is None else tuple(_ints(a.axis)), keepdims=bool(a.keepdims))
     if name == "relax.einsum":
         return np.einsum(str(a.subscripts), *args)
+    if name == "relax.sigmoid":
+        return 1.0 / (1.0 + np.exp(-args[0]))
+    if name == "relax.nn.silu":
+        return args[0] / (1.0 + np.exp(-args[0]))
     raise KeyError(name)
 
 
-SUPPORTED = VIEW_OPS + ("relax.matmul", "relax.multiply", "relax.add", "relax.sum", "relax.einsum")
+SUPPORTED = VIEW_OPS + ("relax.matmul", "relax.multiply", "relax.add", "relax.sum", "relax.einsum",
+                        "relax.sigmoid", "relax.nn.silu")
 
 
 def inputs(call):

@@ -82,6 +82,53 @@ def _readout(value_of, y, state, time):
     return c, c_slice, bindings
 
 
+def _only_user(users, var):
+    found = users.get(var, [])
+    return found[0] if len(found) == 1 and isinstance(found[0], relax.Var) else None
+
+
+def _leaves(value_of, expr, shape):
+    """Variables (and constants) of ``shape`` that ``expr`` reads through supported ops."""
+    found, stack, seen = [], [expr], set()
+    while stack:
+        v = stack.pop()
+        if isinstance(v, relax.Var):
+            if v in seen:
+                continue
+            seen.add(v)
+        if tensor_shape(v) == shape and (not isinstance(v, relax.Var) or op_name(value_of.get(v)) not in SUPPORTED):
+            found.append(v)
+            continue
+        if isinstance(v, relax.Var):
+            call = value_of.get(v)
+            if op_name(call) in SUPPORTED:
+                stack.extend(inputs(call))
+    return found
+
+
+def _epilogue(value_of, users, y, u):
+    """Fold Mamba's ``out = (y + u*D) * silu(z)`` into the scan when it follows ``y``:
+    returns (the var that becomes the scan's output, D or None, z or None)."""
+    bdl = tensor_shape(y)
+    output, skip, gate = y, None, None
+    add = _only_user(users, y)
+    if op_name(value_of.get(add)) == "relax.add":
+        other = next((x for x in value_of[add].args if not x.same_as(y)), None)
+        d = [x for x in _leaves(value_of, other, (bdl[1],)) if str(tensor_dtype(x)) == "float32"]
+        if len(d) == 1 and _computes(value_of, other, [u, d[0]], "bdl,d->bdl"):
+            output, skip = add, d[0]
+    mul = _only_user(users, output)
+    if op_name(value_of.get(mul)) == "relax.multiply":
+        other = next((x for x in value_of[mul].args if not x.same_as(output)), None)
+        z = _leaves(value_of, other, bdl) if other is not None else []
+        if len(z) == 1 and isinstance(z[0], relax.Var):
+            zv = np.random.default_rng(2).standard_normal(bdl)
+            got = evaluate(value_of, other, {z[0]: zv})
+            if got is not None and got.shape == bdl and np.allclose(got, zv / (1.0 + np.exp(-zv))):
+                output, gate = mul, z[0]
+    return output, skip, gate
+
+
 def match_selective(rec, value_of, users):
     """A ``SelectiveMatch`` for an accepted affine ``rec``, or a string saying why not."""
     if rec.reverse or len(rec.state_shape) != 3 or rec.axis != 2:
@@ -150,8 +197,10 @@ def _match_readout(rec, value_of, users, operands):
             last_users = any(u not in internal for u in users.get(rec.states[-1], []))
             if str(tensor_dtype(operands[2])) != "float32":
                 return "A is not float32"
-            spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_h0=rec.initial is not None,
+            output, skip, gate = _epilogue(value_of, users, cat, operands[0])
+            spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_D=skip is not None,
+                                     has_z=gate is not None, has_h0=rec.initial is not None,
                                      dtype=rec.dtype, return_last_state=last_users)
-            ops = operands + [c_base] + ([rec.initial] if rec.initial is not None else [])
-            return SelectiveMatch(spec, ops, cat, readouts, last_users)
+            ops = operands + [c_base] + [x for x in (skip, gate, rec.initial) if x is not None]
+            return SelectiveMatch(spec, ops, output, readouts, last_users)
     return "no concat of per-step einsum('bdn,bn->bd', h, C_t) readouts"

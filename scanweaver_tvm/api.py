@@ -12,16 +12,23 @@ __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences
 
 def from_torch(model, example_args):
     """``torch.export`` + TVM's Relax frontend, parameters kept as constants: ``main`` takes
-    exactly ``example_args``, in order, and returns what the model returns (as a tuple)."""
+    exactly ``example_args``, in order, and returns what the model returns (as a tuple).
+
+    ``torch._higher_order_ops.scan`` with an affine combine function (one carry,
+    ``h = a*h + b``) becomes a ScanWeaver scan (``torch_frontend``); any other combine function
+    raises ``torch_frontend.UnsupportedScan`` (a ``ValueError``) naming the node and why."""
     import warnings
 
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
+    from . import torch_frontend
+
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         exported = torch.export.export(model, tuple(example_args))
-        return from_exported_program(exported, keep_params_as_input=False)
+        return from_exported_program(exported, keep_params_as_input=False,
+                                     custom_convert_map=torch_frontend.custom_convert_map())
 
 
 def from_onnx(model):
