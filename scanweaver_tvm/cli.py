@@ -13,9 +13,6 @@ the full traceback instead.
 """
 import argparse
 import contextlib
-import importlib
-import importlib.util
-import inspect
 import json
 import os
 import re
@@ -26,6 +23,8 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+
+from .cli_model import CLIError, ModelSpec, _describe, _import_model, _one_line
 
 PROG = "scanweaver-tvm"
 EXIT_ERROR = 2
@@ -53,25 +52,6 @@ examples:
   scanweaver-tvm show-tir scanweaver_tvm.models:ema --target cuda
   scanweaver-tvm compile my_models.py:make -o model.so
   scanweaver-tvm compile model.onnx --target cuda --arch sm_90 -o model_cuda.so"""
-
-
-class CLIError(Exception):
-    """A user-facing failure: its message is printed as the one error line."""
-
-
-# -- output ----------------------------------------------------------------------------------
-
-def _one_line(text, limit=600):
-    lines = [" ".join(line.split()) for line in str(text).splitlines()]
-    text = "; ".join(line for line in lines if line)
-    return text if len(text) <= limit else text[:limit] + " ... (--debug shows all of it)"
-
-
-def _describe(err):
-    """An exception as one line; ValueErrors (the importers' and our API's "bad input" errors)
-    speak for themselves, anything else is named."""
-    msg = _one_line(err) or "(no message)"
-    return msg if isinstance(err, ValueError) else f"{type(err).__name__}: {msg}"
 
 
 class _Steps:
@@ -103,130 +83,6 @@ class _Steps:
         if not self.quiet:
             sys.stderr.write(f"done in {time.perf_counter() - start:.1f} s\n")
             sys.stderr.flush()
-
-
-# -- MODEL -----------------------------------------------------------------------------------
-
-class ModelSpec:
-    """A parsed MODEL argument: ``kind`` is "onnx", "file" (a .py path) or "module"."""
-
-    def __init__(self, text):
-        self.text = text
-        self.kind, self.path, self.module, self.factory = None, None, None, None
-        if not text:
-            raise CLIError("MODEL is empty: give a .onnx file or FILE.py:FACTORY / package.module:FACTORY")
-        source, sep, factory = text.rpartition(":")
-        if not sep:
-            path = Path(text)
-            if text.lower().endswith(".onnx"):
-                if not path.is_file():
-                    raise CLIError(f"model file not found: {text}")
-                self.kind, self.path = "onnx", path
-                return
-            if text.endswith(".py"):
-                raise CLIError(f"MODEL {text!r}: name the factory to call, e.g. {text}:make_model")
-            if path.is_file():   # an ONNX file without the suffix: let the importer judge it
-                self.kind, self.path = "onnx", path
-                return
-            if path.exists():
-                raise CLIError(f"MODEL {text!r} is a directory, not an ONNX file")
-            raise CLIError(f"MODEL {text!r}: not an existing .onnx file, nor FILE.py:FACTORY or "
-                           f"package.module:FACTORY")
-        if not factory.isidentifier():
-            raise CLIError(f"MODEL {text!r}: the factory after ':' must be a Python name, got {factory!r}")
-        if not source:
-            raise CLIError(f"MODEL {text!r}: nothing before ':' (FILE.py:FACTORY or package.module:FACTORY)")
-        self.factory = factory
-        if source.endswith(".py") or "/" in source or os.sep in source:
-            path = Path(source)
-            if not path.is_file():
-                raise CLIError(f"model file not found: {source}")
-            self.kind, self.path = "file", path
-        elif all(part.isidentifier() for part in source.split(".")):
-            self.kind, self.module = "module", source
-        else:
-            raise CLIError(f"MODEL {text!r}: {source!r} is neither a .py file nor a dotted module name")
-
-    def __str__(self):
-        return self.text
-
-
-def _load_python_module(spec):
-    if spec.kind == "module":
-        try:
-            return importlib.import_module(spec.module)
-        except ImportError as err:
-            raise CLIError(f"cannot import module {spec.module!r}: {_one_line(err)}") from err
-        except Exception as err:
-            raise CLIError(f"importing module {spec.module!r} raised {_describe(err)}") from err
-    path = spec.path.resolve()
-    name = "_scanweaver_model_" + re.sub(r"\W", "_", path.stem)
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise CLIError(f"cannot load {spec.path} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))      # so the file can import its neighbours
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:
-        sys.modules.pop(name, None)
-        raise CLIError(f"running {spec.path} raised {_describe(err)}") from err
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(path.parent))
-    return module
-
-
-def _call_factory(spec, length):
-    module = _load_python_module(spec)
-    factory = getattr(module, spec.factory, None)
-    where = spec.module or spec.path
-    if factory is None:
-        raise CLIError(f"{where} has no {spec.factory!r}")
-    if not callable(factory):
-        raise CLIError(f"{where}:{spec.factory} is not callable")
-    kwargs = {}
-    if length is not None:
-        try:
-            params = inspect.signature(factory).parameters.values()
-        except (TypeError, ValueError):
-            params = []
-        if not any(p.name == "length" or p.kind is p.VAR_KEYWORD for p in params):
-            raise CLIError(f"--length: {spec}() takes no 'length' keyword")
-        kwargs["length"] = length
-    try:
-        made = factory(**kwargs)
-    except Exception as err:
-        raise CLIError(f"{spec}() raised {_describe(err)}") from err
-    import torch
-
-    if not (isinstance(made, (tuple, list)) and len(made) == 2):
-        raise CLIError(f"{spec}() must return (torch model, example inputs), got {type(made).__name__}")
-    model, example = made
-    if not isinstance(model, torch.nn.Module):
-        raise CLIError(f"{spec}() returned {type(model).__name__} as the model, not a torch.nn.Module")
-    if isinstance(example, torch.Tensor):
-        example = (example,)
-    if not isinstance(example, (tuple, list)) or not all(isinstance(x, torch.Tensor) for x in example):
-        raise CLIError(f"{spec}(): the example inputs must be a tensor or a tuple of tensors")
-    return model.eval(), tuple(example)
-
-
-def _import_model(spec, length, steps):
-    """The Relax IRModule of MODEL."""
-    with steps(f"importing {spec}", f"cannot import {spec}"):
-        from . import api
-
-        if spec.kind == "onnx":
-            try:
-                return api.from_onnx(str(spec.path))
-            except ValueError as err:   # the importer's messages start with the file's name
-                msg = _one_line(err)
-                raise CLIError(f"cannot import {msg}" if msg.startswith(str(spec.path))
-                               else f"cannot import {spec}: {msg}") from err
-        model, example = _call_factory(spec, length)
-        return api.from_torch(model, example)
 
 
 # -- target ----------------------------------------------------------------------------------
@@ -420,8 +276,6 @@ def cmd_show_tir(args, steps):
 def _check_cuda(executable, target, steps):
     """Compile the generated CUDA C with nvcc and assemble it with ptxas: the library holds CUDA
     C that TVM compiles when it is loaded, so this is where its errors can be caught here."""
-    import tvm
-
     from tir_schedules import cuda_check
 
     arch = str(target.arch) if getattr(target, "arch", None) else DEFAULT_CUDA_ARCH

@@ -1,6 +1,5 @@
 """FuseAffineRecurrences + LowerScans on models imported from PyTorch, compiled for LLVM and
 compared with PyTorch; near misses are reported and left exactly as they were."""
-import numpy as np
 import pytest
 import torch
 import tvm
