@@ -1,0 +1,20 @@
+"""The GPU check's artifacts (bench/gpu/prepare.py), made here for bench/gpu/run_gpu_check.py
+to launch on a GPU machine: every manifest names kernels that exist in its CUDA source, with
+arguments that are its buffers."""
+import json
+
+from bench.gpu import prepare
+
+
+def test_prepare_quick_writes_consistent_manifests(tmp_path):
+    prepare.main(["--quick", "--out", str(tmp_path)])
+    manifests = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert {m["config"]["realization"] for m in manifests} == {"warp", "chunked", "blelloch", "selective_gpu"}
+    for m in manifests:
+        source = (tmp_path / m["source"]).read_text()
+        names = {b["name"] for b in m["buffers"]}
+        assert m["format"] == "scanweaver-gpu/1" and m["launches"]
+        for launch in m["launches"]:
+            assert f"void __launch_bounds__({launch['block'][0]}) {launch['kernel']}(" in source
+            assert set(launch["args"]) <= names
+            assert launch["grid"][0] >= 1
