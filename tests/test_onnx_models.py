@@ -30,7 +30,7 @@ def export(model, args):
 FORMS = {models.ema: "affine", models.linear_rnn: "affine", models.mamba_block: "selective"}
 
 
-@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("length", [1, 7, 64, 256])
 @pytest.mark.parametrize("factory", list(FORMS), ids=lambda f: f.__name__)
 def test_exported_models_match_pytorch(factory, length):
     model, args = factory(length=length)

@@ -82,7 +82,7 @@ def test_index_near_misses(model, why):
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
-@pytest.mark.parametrize("length", [1, 7, 64])
+@pytest.mark.parametrize("length", [1, 7, 64, 256])
 @pytest.mark.parametrize("factory", [models.ema, models.linear_rnn, models.mamba_block])
 def test_models_match_pytorch(factory, length):
     model, args = factory(length=length)
