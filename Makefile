@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench bench-models clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,9 @@ demo: setup
 bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m bench.scan
+
+bench-models: setup
+	$(PY) -m bench.models
 
 clean:
 	rm -rf $(VENV) build *.egg-info
