@@ -49,6 +49,16 @@ def _apply(name, call, args):
         return np.sum(args[0], axis=None if a.axis is None else tuple(_ints(a.axis)), keepdims=bool(a.keepdims))
     if name == "relax.einsum":
         return np.einsum(str(a.subscripts), *args)
+    if name == "relax.exp":
+        return np.exp(args[0])
+    if name == "relax.log":
+        return np.log(args[0])
+    if name == "relax.greater":
+        return args[0] > args[1]
+    if name == "relax.where":
+        return np.where(args[0], args[1], args[2])
+    if name == "relax.nn.softplus":
+        return np.logaddexp(0.0, args[0])
     if name == "relax.sigmoid":
         return 1.0 / (1.0 + np.exp(-args[0]))
     if name == "relax.nn.silu":
@@ -57,7 +67,8 @@ def _apply(name, call, args):
 
 
 SUPPORTED = VIEW_OPS + ("relax.matmul", "relax.multiply", "relax.add", "relax.sum", "relax.einsum",
-                        "relax.sigmoid", "relax.nn.silu")
+                        "relax.sigmoid", "relax.nn.silu", "relax.exp", "relax.log", "relax.greater",
+                        "relax.where", "relax.nn.softplus")
 
 
 def inputs(call):

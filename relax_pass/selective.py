@@ -87,8 +87,8 @@ def _only_user(users, var):
     return found[0] if len(found) == 1 and isinstance(found[0], relax.Var) else None
 
 
-def _leaves(value_of, expr, shape):
-    """Variables (and constants) of ``shape`` that ``expr`` reads through supported ops."""
+def _leaves(value_of, expr, shape, through=SUPPORTED):
+    """Variables (and constants) of ``shape`` that ``expr`` reads through the ops ``through``."""
     found, stack, seen = [], [expr], set()
     while stack:
         v = stack.pop()
@@ -96,14 +96,40 @@ def _leaves(value_of, expr, shape):
             if v in seen:
                 continue
             seen.add(v)
-        if tensor_shape(v) == shape and (not isinstance(v, relax.Var) or op_name(value_of.get(v)) not in SUPPORTED):
+        if tensor_shape(v) == shape and (not isinstance(v, relax.Var) or op_name(value_of.get(v)) not in through):
             found.append(v)
             continue
         if isinstance(v, relax.Var):
             call = value_of.get(v)
-            if op_name(call) in SUPPORTED:
+            if op_name(call) in through:
                 stack.extend(inputs(call))
     return found
+
+
+# what softplus(raw + bias) is spelled with (PyTorch's threshold form, ONNX's Softplus)
+SOFTPLUS_OPS = ("relax.where", "relax.greater", "relax.log", "relax.exp", "relax.add",
+                "relax.nn.softplus", "relax.expand_dims", "relax.reshape")
+
+
+def _softplus_of_biased(value_of, delta):
+    """``(raw, bias)`` when ``delta = softplus(raw + bias[:, None])`` (Mamba's ``delta_softplus``
+    with ``delta_bias``; any spelling of softplus, checked numerically across its threshold),
+    so the scan applies it on the fly; else ``(None, None)``."""
+    shape = tensor_shape(delta)
+    raw = _leaves(value_of, delta, shape, SOFTPLUS_OPS)
+    bias = [x for x in _leaves(value_of, delta, (shape[1],), SOFTPLUS_OPS) if str(tensor_dtype(x)) == "float32"]
+    if len(raw) != 1 or len(bias) != 1 or not isinstance(raw[0], relax.Var) or raw[0].same_as(delta):
+        return None, None
+    rng = np.random.default_rng(3)
+    rv = rng.standard_normal(shape) * 15.0           # both sides of softplus's linear threshold
+    bv = bias[0].value.numpy().astype(np.float64) if isinstance(bias[0], tvm.ir.GenericConst) \
+        else rng.standard_normal(shape[1])
+    env = {raw[0]: rv} if not isinstance(bias[0], relax.Var) else {raw[0]: rv, bias[0]: bv}
+    got = evaluate(value_of, delta, env)
+    want = np.logaddexp(0.0, rv + bv[None, :, None])
+    if got is None or got.shape != shape or not np.allclose(got, want, rtol=1e-6, atol=1e-6):
+        return None, None
+    return raw[0], bias[0]
 
 
 def _epilogue(value_of, users, y, u):
@@ -198,9 +224,13 @@ def _match_readout(rec, value_of, users, operands):
             if str(tensor_dtype(operands[2])) != "float32":
                 return "A is not float32"
             output, skip, gate = _epilogue(value_of, users, cat, operands[0])
+            raw, bias = _softplus_of_biased(value_of, operands[1])
+            if raw is not None:
+                operands = [operands[0], raw] + operands[2:]
             spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_D=skip is not None,
-                                     has_z=gate is not None, has_h0=rec.initial is not None,
+                                     has_z=gate is not None, has_delta_bias=bias is not None,
+                                     delta_softplus=raw is not None, has_h0=rec.initial is not None,
                                      dtype=rec.dtype, return_last_state=last_users)
-            ops = operands + [c_base] + [x for x in (skip, gate, rec.initial) if x is not None]
+            ops = operands + [c_base] + [x for x in (skip, gate, bias, rec.initial) if x is not None]
             return SelectiveMatch(spec, ops, output, readouts, last_users)
     return "no concat of per-step einsum('bdn,bn->bd', h, C_t) readouts"

@@ -162,13 +162,15 @@ def test_stack_on_another_axis_and_order():
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
 
 
-def test_mamba_skip_and_gate_fold_into_the_scan():
-    """``(y + u*D) * silu(z)`` after the readouts becomes part of the fused scan (has_D, has_z)."""
+def test_mamba_skip_gate_and_softplus_fold_into_the_scan():
+    """``(y + u*D) * silu(z)`` after the readouts and ``softplus(delta + bias)`` before them
+    become part of the fused scan."""
     model, args = models.mamba_block(length=8)
     mod = sw.from_torch(model, args)
     (rec,) = sw.find_recurrences(mod)
     spec = rec.selective.spec
     assert spec.has_D and spec.has_z and not spec.return_last_state
+    assert spec.has_delta_bias and spec.delta_softplus      # softplus(delta + bias) too
     before = mod.script(show_meta=False).count("R.sigmoid(")
     after = sw.FuseAffineRecurrences()(mod).script(show_meta=False).count("R.sigmoid(")
     assert after == before - 1                             # the gate's sigmoid went into the kernel
