@@ -15,7 +15,7 @@ from tvm import relax
 
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .chains import Recurrence, find_chains
+from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
@@ -112,21 +112,20 @@ class _Plan:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod, plans, last_state):
+    def __init__(self, mod, plans):
         super().__init__(mod)
-        self.plans = plans              # first state var -> _Plan or SelectiveMatch
-        self.last_state = last_state    # first state var -> last state var (selective scans)
+        self.plans = plans              # first state var -> _Plan (affine) or the Recurrence
         self.dropped = set()
 
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
-        if isinstance(plan, SelectiveMatch):
-            self._emit_selective(plan, binding.var)
-        elif isinstance(plan, Recurrence):                  # cumsum / cumprod
+        if isinstance(plan, _Plan):
+            self._emit(plan)
+        elif plan is not None and plan.form == "selective":
+            self._emit_selective(plan)
+        elif plan is not None:                              # cumsum / cumprod
             x = self.visit_expr(binding.value.args[0])
             self._replace(binding.var, self.builder_.emit(cumulative_scan(plan, x), plan.form))
-        elif plan is not None:
-            self._emit(plan)
         if binding.var in self.dropped:
             return
         super().visit_var_binding_(binding)
@@ -169,12 +168,12 @@ class _Rewriter(relax.PyExprMutator):
                 stacked = bb.emit(relax.op.reshape(stacked, tensor_shape(c)))
             self._replace(c, stacked)
 
-    def _emit_selective(self, match, first_state):
-        bb = self.builder_
+    def _emit_selective(self, rec):
+        bb, match = self.builder_, rec.selective
         scan = bb.emit(make_scan(match.spec, [self.visit_expr(x) for x in match.operands]), "selective_scan")
         if match.spec.return_last_state:
             self._replace(match.output, bb.emit(relax.TupleGetItem(scan, 0)))
-            self._replace(self.last_state[first_state], bb.emit(relax.TupleGetItem(scan, 1)))
+            self._replace(rec.states[-1], bb.emit(relax.TupleGetItem(scan, 1)))
         else:
             self._replace(match.output, scan)
 
@@ -212,21 +211,16 @@ def rewrite(mod, recurrences):
             by_function.setdefault(rec.function, []).append(rec)
     if not by_function:
         return mod
-    plans, last_state = {}, {}
-    for name, recs in by_function.items():
+    plans = {}
+    for recs in by_function.values():
         for rec in recs:
-            if rec.form in ("cumsum", "cumprod"):
+            if rec.form != "affine":            # selective, cumsum, cumprod: emitted from rec
                 plans[rec.states[0]] = rec
                 continue
-            users, value = rec.facts
-            if rec.form == "selective":
-                plans[rec.states[0]] = rec.selective
-                last_state[rec.states[0]] = rec.states[-1]
-                continue
-            plan = _Plan(rec, users, value)
+            plan = _Plan(rec, *rec.facts)
             if plan.need_states or plan.need_last:
                 plans[rec.states[0]] = plan
-    rewriter = _Rewriter(mod, plans, last_state)
+    rewriter = _Rewriter(mod, plans)
     for name in by_function:
         gvar = mod.get_global_var(name)
         rewriter.builder_.update_func(gvar, rewriter.visit_expr(mod[gvar]))

@@ -60,7 +60,7 @@ def _median_ms(fn, repeats=20):
 def _vm(ex, args):
     vm = relax.VirtualMachine(ex, tvm.cpu())
     tensors = [tvm.runtime.tensor(a.numpy()) for a in args]
-    return (lambda: vm["main"](*tensors)), vm
+    return lambda: vm["main"](*tensors)
 
 
 def main(argv=None):
@@ -80,7 +80,7 @@ def main(argv=None):
         print(f"    {rec}")
     t0 = _step("compiling with ScanWeaver")
     ex = api.compile(mod, "llvm")
-    run, _ = _vm(ex, inputs)                            # TVM generates the machine code here
+    run = _vm(ex, inputs)                            # TVM generates the machine code here
     ours_compile = _done(t0)
     got = run()[0].numpy()
     with torch.no_grad():
@@ -94,7 +94,7 @@ def main(argv=None):
                    "(--no-baseline skips it)")
         with _native_stderr_silenced():
             ex_plain = tvm.compile(mod, target=api._target("llvm"))
-            run_plain, _ = _vm(ex_plain, inputs)      # TVM generates the machine code here
+            run_plain = _vm(ex_plain, inputs)      # TVM generates the machine code here
         plain_compile = _done(t0)
         rows.append(("TVM without the pass", plain_compile, _median_ms(run_plain, 5)))
 
