@@ -283,14 +283,13 @@ def _check_cuda(executable, target, steps):
     reports = []
     with steps(f"checking the CUDA C with nvcc and ptxas ({arch})", "the generated CUDA C does not build"):
         for source in sources:
-            with target:
-                try:
-                    text = cuda_check.ptx(source, arch)
-                except RuntimeError as err:
-                    msg = str(err).split("Compilation error:", 1)[-1]
-                    errors = [line.strip() for line in msg.splitlines() if "error" in line]
-                    raise CLIError(f"nvcc rejected the generated CUDA C for {arch}: "
-                                   f"{_one_line(errors[0] if errors else msg, 300)}") from err
+            try:
+                text = cuda_check.ptx(source, arch)
+            except RuntimeError as err:
+                msg = str(err).split("Compilation error:", 1)[-1]
+                errors = [line.strip() for line in msg.splitlines() if "error" in line]
+                raise CLIError(f"nvcc rejected the generated CUDA C for {arch}: "
+                               f"{_one_line(errors[0] if errors else msg, 300)}") from err
             reports.append(cuda_check.ptxas(text, arch))
     return arch, reports
 

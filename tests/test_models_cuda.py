@@ -24,8 +24,6 @@ def test_model_builds_for_cuda(factory, kwargs, form):
     assert sources and "__global__" in sources[0]
     source = "\n".join(sources)
     assert "scanweaver_scan" in source                       # our kernel is in the device code
-    import tvm
-    with tvm.target.Target(cuda_check.SM90):
-        report = cuda_check.ptxas(cuda_check.ptx(source))
+    report = cuda_check.ptxas(cuda_check.ptx(source))
     assert report.spill_stores == 0 and report.spill_loads == 0, report.text
     assert report.shared_bytes <= 48 * 1024, report.text

@@ -42,10 +42,12 @@ def module_cuda_sources(module):
 
 
 def ptx(source, arch="sm_90"):
-    """Compile CUDA C to PTX with nvcc (TVM's own wrapper)."""
+    """Compile CUDA C to PTX with nvcc (TVM's own wrapper, which also wants a current CUDA
+    target even when ``arch`` is given)."""
     if shutil.which("nvcc") is None:
         raise RuntimeError("nvcc not found on PATH: install the CUDA toolkit to build GPU code")
-    out = nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvcc")
+    with tvm.target.Target({"kind": "cuda", "arch": arch}):
+        out = nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvcc")
     return bytes(out).decode() if not isinstance(out, str) else out
 
 
@@ -70,6 +72,6 @@ def ptxas(ptx_text, arch="sm_90"):
 def check_kernel(func, target=SM90):
     """Source, PTX and ptxas report of a GPU PrimFunc."""
     src = cuda_source(func, target)
-    with tvm.target.Target(target):
-        text = ptx(src, tvm.target.Target(target).arch)
-    return src, text, ptxas(text, tvm.target.Target(target).arch)
+    arch = str(tvm.target.Target(target).arch)
+    text = ptx(src, arch)
+    return src, text, ptxas(text, arch)
