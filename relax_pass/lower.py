@@ -1,9 +1,12 @@
 """LowerScans: replace each ``scanweaver`` scan call with ``call_tir`` of a scheduled PrimFunc.
 
-Sits after FuseAffineRecurrences and before TVM's default pipeline.  The realization is chosen
-for the target (CUDA -> GPU schedules, LLVM -> CPU) by ``tir_schedules.realize``; the PrimFunc
-joins the module, so ``mod.script()`` shows the scheduled TIR of every scan.  Each PrimFunc is
-marked scheduled and opaque (``op_pattern`` 8) so FuseOps/FuseTIR and DLight leave it alone.
+Sits after FuseAffineRecurrences and before TVM's default pipeline.  With ``realization="tir"``
+the schedule is chosen for the target (CUDA -> GPU schedules, LLVM -> CPU) by
+``tir_schedules.realize``; with ``"mlir"`` the kernel comes from ``mlir_bridge`` (LLVM IR linked
+into TVM's LLVM module on the CPU; on CUDA a host launcher plus a PTX device module added to
+``external_mods``, which the build imports into the executable).  The PrimFunc joins the
+module, so ``mod.script()`` shows every scan.  Each PrimFunc is marked scheduled and opaque
+(``op_pattern`` 8) so FuseOps/FuseTIR and DLight leave it alone.
 """
 import tvm
 from tvm import relax
@@ -12,15 +15,28 @@ import tir_schedules
 
 from .scan_op import output_types, parse_scan
 
-REALIZATIONS = ("tir",)
+REALIZATIONS = ("tir", "mlir")
 
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):
-    def __init__(self, mod, target, schedule):
+    def __init__(self, mod, target, realization, schedule):
         super().__init__(mod)
-        self.target, self.schedule = target, schedule
+        self.target, self.realization, self.schedule = target, realization, schedule
         self.cache = {}  # spec -> GlobalVar: equal scans share one PrimFunc
+        self.device_modules = []  # runtime modules the executable must import (MLIR on CUDA)
+
+    def _realize(self, spec):
+        if self.realization == "tir":
+            return tir_schedules.realize(spec, self.target, self.schedule)
+        from mlir_bridge import tvm_wrap
+
+        if tir_schedules.target_kind(self.target) == "cpu":
+            return tvm_wrap.cpu_primfunc(spec)
+        host = self.target.host or tvm.target.Target("llvm")
+        func, device = tvm_wrap.cuda_primfunc(spec, self.target, host)
+        self.device_modules.append(device)
+        return func
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -30,7 +46,7 @@ class _Lowerer(relax.PyExprMutator):
         spec, operands = parsed
         gvar = self.cache.get(spec)
         if gvar is None:
-            func = tir_schedules.realize(spec, self.target, self.schedule)
+            func = self._realize(spec)
             name = self.builder_.get_unique_name("scanweaver_scan")
             func = func.with_attrs({"op_pattern": 8, "tirx.is_scheduled": True, "global_symbol": name})
             gvar = self.builder_.add_func(func, name)
@@ -43,14 +59,20 @@ def LowerScans(target, realization="tir", schedule=None):  # noqa: N802 (TVM pas
     """The module pass lowering every scan for ``target`` with ``realization``."""
     if realization not in REALIZATIONS:
         raise ValueError(f"realization: {realization!r} is not available; choose from {REALIZATIONS}")
+    if realization == "mlir" and schedule is not None:
+        raise ValueError("schedule: names a TIR realization; the MLIR realization has one schedule")
     target = tir_schedules.resolve_target(target)
 
     @tvm.ir.transform.module_pass(opt_level=0, name="scanweaver.LowerScans")
     def lower(mod, _ctx):
-        lowerer = _Lowerer(mod, target, schedule)
+        lowerer = _Lowerer(mod, target, realization, schedule)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 lowerer.builder_.update_func(gvar, lowerer.visit_expr(func))
-        return lowerer.builder_.get()
+        lowered = lowerer.builder_.get()
+        if lowerer.device_modules:
+            known = list(lowered.attrs["external_mods"]) if lowered.attrs and "external_mods" in lowered.attrs else []
+            lowered = lowered.with_attr("external_mods", known + lowerer.device_modules)
+        return lowered
 
     return lower

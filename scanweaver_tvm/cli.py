@@ -2,7 +2,8 @@
 
     scanweaver-tvm report   MODEL                       recurrences found, and near misses with why
     scanweaver-tvm show-tir MODEL [--target cuda]       the scheduled TIR of every scan
-    scanweaver-tvm compile  MODEL [--target ...] -o model.so
+    scanweaver-tvm compile  MODEL [--target ...] [--realization mlir] -o model.so
+    scanweaver-tvm mlir     MODEL [--stage all|ptx|NAME]  each scan's IR through the MLIR stages
 
 MODEL is an ONNX file (``model.onnx``) or a factory, ``path/to/file.py:make`` or
 ``package.module:make``, whose call returns ``(torch model, example inputs)``.
@@ -24,6 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
+from . import cli_mlir
 from .cli_model import CLIError, ModelSpec, _describe, _import_model, _one_line
 
 PROG = "scanweaver-tvm"
@@ -137,9 +139,11 @@ def _resolve(request, realization, steps):
         raise CLIError(f"--target: {_describe(err)}") from err
     try:
         api.pipeline(target, realization)
-    except ValueError as err:
-        if realization in REALIZATION_CHOICES:
-            raise CLIError(f"--realization {realization}: not implemented yet ({_one_line(err)})") from err
+        if realization == "mlir":
+            from mlir_bridge import tools
+
+            tools.find_tool("mlir-opt")
+    except (ValueError, RuntimeError) as err:
         raise CLIError(f"--realization {realization}: {_one_line(err)}") from err
     return target
 
@@ -291,6 +295,8 @@ def _check_cuda(executable, target, steps):
                 raise CLIError(f"nvcc rejected the generated CUDA C for {arch}: "
                                f"{_one_line(errors[0] if errors else msg, 300)}") from err
             reports.append(cuda_check.ptxas(text, arch))
+        for text in cuda_check.module_ptx(executable.mod):      # the MLIR realization's PTX
+            reports.append(cuda_check.ptxas(text, arch))
     return arch, reports
 
 
@@ -388,7 +394,8 @@ def cmd_compile(args, steps):
     if cuda:
         print("  note:  the library holds the kernels as CUDA C, which TVM compiles for the GPU when "
               "the library is loaded (NVRTC via the cuda-bindings package, or nvcc with "
-              "TVM_CUDA_COMPILE_MODE=nvcc)")
+              "TVM_CUDA_COMPILE_MODE=nvcc)" + ("; the scans as PTX from MLIR, loaded as they are"
+                                               if args.realization == "mlir" else ""))
     if not scans:
         steps.note(f"{PROG}: note: no recurrence found in {spec}; compiled as plain TVM")
     return 0
@@ -435,7 +442,7 @@ def build_parser():
                             f"{DEFAULT_CUDA_ARCH} when it has none)")
         p.add_argument("--realization", default="tir", choices=REALIZATION_CHOICES,
                        help="how scans are lowered: tir (TensorIR schedules, default) or mlir "
-                            "(not implemented yet)")
+                            "(the scanweaver MLIR dialect lowered by mlir-opt)")
 
     parser = _Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
@@ -478,6 +485,9 @@ def build_parser():
     p.add_argument("--no-nvcc-check", action="store_true",
                    help="cuda: skip the nvcc/ptxas check of the generated CUDA C (nvcc not needed)")
     p.set_defaults(run=cmd_compile)
+
+    cli_mlir.add_parser(sub, [model, common], argparse.RawDescriptionHelpFormatter, _MODEL_HELP,
+                        DEFAULT_CUDA_ARCH)
     return parser
 
 

@@ -33,12 +33,27 @@ def cuda_source(func, target=SM90):
     return "\n".join(module_cuda_sources(ex.mod))
 
 
-def module_cuda_sources(module):
-    """CUDA C of every ``cuda`` module imported (at any depth) by a built module/executable."""
+def _device_texts(module):
+    """What every ``cuda`` module imported (at any depth) by ``module`` shows as its source."""
     found = [module.inspect_source()] if module.kind == "cuda" else []
     for sub in module.imports:
-        found.extend(module_cuda_sources(sub))
+        found.extend(_device_texts(sub))
     return found
+
+
+def _is_ptx(text):
+    """PTX (a device module built from PTX, e.g. the MLIR realization's) rather than CUDA C."""
+    return any(line.startswith(".version ") for line in text.splitlines()[:40])
+
+
+def module_cuda_sources(module):
+    """CUDA C of every ``cuda`` module imported (at any depth) by a built module/executable."""
+    return [t for t in _device_texts(module) if not _is_ptx(t)]
+
+
+def module_ptx(module):
+    """PTX of every device module built from PTX (not CUDA C) in a module/executable."""
+    return [t for t in _device_texts(module) if _is_ptx(t)]
 
 
 def ptx(source, arch="sm_90"):
