@@ -253,7 +253,12 @@ def func(b, name, arg_types, result_types, body, op_name="func.func", attrs=None
     with b.block(arg_types, hints) as entry:
         region.append(entry)
         body(entry.args)
-    props = {"function_type": func_type(arg_types, result_types), "sym_name": attr_str(name)}
-    if op_name == "func.func" and attrs and "sym_visibility" in attrs:
-        props["sym_visibility"] = attrs.pop("sym_visibility")
+    props = {"function_type": func_type(arg_types, result_types)}
+    attrs = dict(attrs or {})
+    if op_name == "func.func":        # func.func keeps these as properties, gpu.func as attributes
+        props["sym_name"] = attr_str(name)
+        if "sym_visibility" in attrs:
+            props["sym_visibility"] = attrs.pop("sym_visibility")
+    else:
+        attrs["sym_name"] = attr_str(name)
     return Op(op_name, [], [], props, attrs, [region])

@@ -66,7 +66,8 @@ def ptxas():
 
 def cuda_root():
     """The CUDA toolkit directory (for libdevice), from ptxas's location or the usual path."""
-    for root in (os.environ.get("CUDA_ROOT"), os.path.dirname(os.path.dirname(os.path.realpath(ptxas())))):
+    for root in (os.environ.get("CUDA_ROOT"), os.path.dirname(os.path.dirname(os.path.realpath(ptxas()))),
+                 "/usr/local/cuda"):
         if root and os.path.exists(os.path.join(root, "nvvm", "libdevice")):
             return root
     raise MlirToolsMissing("CUDA libdevice (nvvm/libdevice/libdevice.10.bc) not found next to ptxas")

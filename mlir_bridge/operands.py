@@ -1,0 +1,50 @@
+"""Operand lists of a spec in the kernel argument order of tir_schedules/README.md.
+
+Each operand is (name, shape, dtype); a ``None`` extent is the symbolic length L.  Shared by
+every stage, the kernels, the launch descriptions and the ctypes caller, so the order is
+written once.
+"""
+from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+
+
+def operands(spec):
+    """[(name, shape, dtype, is_output)] in kernel order."""
+    if isinstance(spec, AffineScanSpec):
+        dt = spec.dtype
+        ops = [("a", spec.a_shape, dt, False), ("b", spec.shape, dt, False)]
+        if spec.has_h0:
+            ops.append(("h0", spec.state_shape, dt, False))
+        if "states" in spec.outputs:
+            ops.append(("states", spec.shape, dt, True))
+        if "last" in spec.outputs:
+            ops.append(("last", spec.state_shape, dt, True))
+        return ops
+    if isinstance(spec, SelectiveScanSpec):
+        b, d, l, n, dt = spec.batch, spec.dim, spec.length, spec.dstate, spec.dtype
+        ops = [("u", (b, d, l), dt), ("delta", (b, d, l), dt), ("A", (d, n), "float32"),
+               ("B", spec.bc_shape, dt), ("C", spec.bc_shape, dt)]
+        if spec.has_D:
+            ops.append(("D", (d,), "float32"))
+        if spec.has_z:
+            ops.append(("z", (b, d, l), dt))
+        if spec.has_delta_bias:
+            ops.append(("delta_bias", (d,), "float32"))
+        if spec.has_h0:
+            ops.append(("h0", (b, d, n), dt))
+        ops = [(*o, False) for o in ops] + [("out", (b, d, l), dt, True)]
+        if spec.return_last_state:
+            ops.append(("last_state", (b, d, n), dt, True))
+        return ops
+    raise TypeError(f"spec: expected AffineScanSpec or SelectiveScanSpec, got {type(spec).__name__}")
+
+
+def symbolic(spec):
+    """Names of the trailing scalar arguments: ["L"] when the length is symbolic."""
+    return ["L"] if isinstance(spec, AffineScanSpec) and spec.length is None else []
+
+
+def numel(shape, length=None):
+    n = 1
+    for d in shape:
+        n *= length if d is None else d
+    return n
