@@ -19,8 +19,7 @@ def lower(blelloch_stage):
     if blelloch_stage.form == "affine":
         from .kernel_affine import generate
     else:
-        raise NotImplementedError("mlir_bridge: the selective-scan kernel is not built yet; its stages "
-                                  "up to 'blelloch' are (stage_scan .. stage_blelloch)")
+        from .kernel_selective import generate
     kernel = generate(blelloch_stage)
     text = emit.module([gpu_module(kernel)], attrs={"gpu.container_module": "unit"})
     return GpuStage(blelloch_stage.spec, kernel, mlir_opt(text, [], "gpu stage"))

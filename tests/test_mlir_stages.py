@@ -68,3 +68,21 @@ def test_wrong_version_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("SCANWEAVER_MLIR_BIN", str(tmp_path))
     with pytest.raises(tools.MlirToolsMissing):
         tools.find("mlir-opt")
+
+
+def test_selective_stage_evolution():
+    spec = SelectiveScanSpec(2, 4, 31, 8, groups=2, has_D=True, has_z=True, has_delta_bias=True,
+                             delta_softplus=True, has_h0=True, return_last_state=True, dtype="bfloat16")
+    st = mlir_bridge.stages(spec)
+    assert [s.name for s in st] == NAMES
+    text = {s.name: s.text for s in st}
+    assert "scanweaver.selective_scan" in text["scanweaver.scan"] and "delta_softplus = true" in text["scanweaver.scan"]
+    assert "scanweaver.discretize" in text["affine_scan"] and "scanweaver.affine_scan" in text["affine_scan"]
+    assert "scanweaver.assoc_scan" in text["assoc_scan"] and "scanweaver.blelloch_up" in text["blelloch"]
+    gpu = text["gpu"]
+    assert "gpu.func @scanweaver_selective_scan" in gpu and "gpu.barrier" in gpu and "math.exp" in gpu
+    assert "math.log " in gpu and "arith.maximumf" in gpu and "arith.extf" in gpu and "arith.truncf" in gpu
+    assert "known_block_size = array<i32: 16, 1, 1>" in gpu      # 16 threads: one tile of 32 steps
+    assert "gpu." not in text["cpu"] and "memref.alloca" in text["cpu"]
+    defines = re.findall(r"^define .*$", text["llvm"], re.M)
+    assert len(defines) == 1 and ", ".join(f"ptr %{i}" for i in range(11)) + ")" in defines[0]
