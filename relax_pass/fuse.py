@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_tvm.spec import SUPPORTED_DTYPES, AffineScanSpec
 
 from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
@@ -37,6 +37,10 @@ def analyze(mod, cumulative=False):
                 found.extend(cumulative_recurrences(gvar.name_hint, block.bindings))
             for rec in find_chains(gvar.name_hint, block.bindings):
                 rec.facts = (users, value)
+                if not rec.rejected and rec.dtype not in SUPPORTED_DTYPES:
+                    rec.rejected, rec.reason = True, (
+                        f"dtype {rec.dtype}: scans take {'/'.join(SUPPORTED_DTYPES)}; left as it "
+                        "was (TVM compiles its steps)")
                 if not rec.rejected:
                     match = match_selective(rec, value, users)
                     if isinstance(match, SelectiveMatch):

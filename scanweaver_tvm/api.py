@@ -24,11 +24,31 @@ def from_torch(model, example_args):
 
     from . import torch_frontend
 
+    _check_no_complex(model, example_args)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         exported = torch.export.export(model, tuple(example_args))
         return from_exported_program(exported, keep_params_as_input=False,
                                      custom_convert_map=torch_frontend.custom_convert_map())
+
+
+def _check_no_complex(model, example_args):
+    """TVM's torch frontend has no complex dtype and fails without naming the tensor: name it."""
+    import inspect
+
+    try:
+        names = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    for i, x in enumerate(example_args):
+        if getattr(x, "is_complex", lambda: False)():
+            name = f" ({names[i]})" if i < len(names) else ""
+            raise ValueError(f"example_args[{i}]{name}: {x.dtype} tensor; TVM's Relax has no "
+                             "complex dtype (pass real and imaginary parts separately)")
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_complex():
+            raise ValueError(f"{type(model).__name__}.{name}: {t.dtype} tensor; TVM's Relax has "
+                             "no complex dtype")
 
 
 def from_onnx(model):

@@ -391,6 +391,9 @@ def cmd_compile(args, steps):
         smem = max((r.shared_bytes for r in reports), default=0)
         print(f"  cuda:  kernels checked with nvcc + ptxas for {arch}: up to {regs} registers, "
               f"{smem} B shared memory, {'no spills' if not spills else f'{spills} B spilled'}")
+    elif cuda:
+        print("  cuda:  NOT checked (--no-nvcc-check): the CUDA C was not compiled here, so an "
+              "error in it shows only when the library is loaded on the GPU machine")
     if cuda:
         print("  note:  the library holds the kernels as CUDA C, which TVM compiles for the GPU when "
               "the library is loaded (NVRTC via the cuda-bindings package, or nvcc with "

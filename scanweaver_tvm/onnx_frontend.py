@@ -91,7 +91,31 @@ def _load(model):
     if not model.HasField("graph") or not model.opset_import or model.ir_version < 3:
         _fail(f"{source}: not a complete ONNX model (graph: {model.HasField('graph')}, opset "
               f"imports: {len(model.opset_import)}, ir_version: {model.ir_version}); truncated?")
+    _check_inputs(model.graph, source)
     return model
+
+
+_NO_RELAX_DTYPE = {onnx.TensorProto.COMPLEX64: "complex64", onnx.TensorProto.COMPLEX128: "complex128",
+                   onnx.TensorProto.STRING: "string"}
+
+
+def _check_inputs(graph, source):
+    """Refuse inputs TVM's importer would misread: complex/string tensors (Relax has no such
+    dtype; TVM fails deep inside without a name) and dimensions declared 0 (it reads 0 as
+    "unknown", so an empty sequence would turn into a symbolic length)."""
+    for vi in graph.input:
+        t = vi.type.tensor_type
+        if t.elem_type in _NO_RELAX_DTYPE:
+            _fail(f"{source}: input '{vi.name}' is a {_NO_RELAX_DTYPE[t.elem_type]} tensor; "
+                  "TVM's Relax has no such dtype")
+        for i, d in enumerate(t.shape.dim):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                _fail(f"{source}: input '{vi.name}' has size 0 in dimension {i}: an empty tensor "
+                      "(a scan over it would have L = 0; a scan needs L >= 1)")
+    for init in graph.initializer:
+        if init.data_type in _NO_RELAX_DTYPE:
+            _fail(f"{source}: initializer '{init.name}' is a {_NO_RELAX_DTYPE[init.data_type]} "
+                  "tensor; TVM's Relax has no such dtype")
 
 
 def _fold_static_shapes(model):
