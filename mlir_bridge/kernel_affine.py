@@ -10,7 +10,7 @@ from . import emit
 from .emit import MLIR_DTYPES
 from .kernel_common import (Kernel, barrier, bind_params, blelloch_tile, compose, identity,
                             param_type, workgroup_buffer)
-from .operands import operands, symbolic
+from .operands import digest, operands, symbolic
 
 
 def _stride(b, stride, length):
@@ -38,7 +38,7 @@ def generate(stage):
     elem = MLIR_DTYPES[spec.dtype]
     arg_types = [param_type(shape, dt) for _, shape, dt, _ in ops] + ["i64"] * len(syms)
     b, globals_ = emit.Builder(), []
-    name = "scanweaver_affine_scan"
+    name = "scanweaver_affine_scan_" + digest(spec)
 
     def body(args):
         smem_a = workgroup_buffer(b, globals_, "sw_pairs_a", tile)

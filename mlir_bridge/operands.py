@@ -38,6 +38,14 @@ def operands(spec):
     raise TypeError(f"spec: expected AffineScanSpec or SelectiveScanSpec, got {type(spec).__name__}")
 
 
+def digest(spec):
+    """A short stable hash of the spec: makes entry and kernel symbols unique per scan, so
+    several scans can share one LLVM module or one executable's device-module imports."""
+    import hashlib
+
+    return hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
+
+
 def symbolic(spec):
     """Names of the trailing scalar arguments: ["L"] when the length is symbolic."""
     return ["L"] if isinstance(spec, AffineScanSpec) and spec.length is None else []

@@ -1,9 +1,8 @@
 """The lowering pipeline read top to bottom: each stage a function of the previous one."""
-import hashlib
 
 from . import stage_affine, stage_assoc, stage_blelloch, stage_cpu, stage_gpu, stage_scan
 from .artifacts import CpuArtifact, Stage
-from .operands import operands, symbolic
+from .operands import digest, operands, symbolic
 from .tools import mlir_opt, mlir_translate
 
 CPU_PASSES = ["--arith-expand=include-bf16=true", "--convert-scf-to-cf", "--expand-strided-metadata",
@@ -14,7 +13,7 @@ CPU_PASSES = ["--arith-expand=include-bf16=true", "--convert-scf-to-cf", "--expa
 
 def entry_symbol(spec):
     """Unique per spec, stable across processes."""
-    return "scanweaver_mlir_" + hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
+    return "scanweaver_mlir_" + digest(spec)
 
 
 def gpu_stage(spec):

@@ -142,7 +142,7 @@ def _resolve(request, realization, steps):
         if realization == "mlir":
             from mlir_bridge import tools
 
-            tools.find_tool("mlir-opt")
+            tools.find("mlir-opt")
     except (ValueError, RuntimeError) as err:
         raise CLIError(f"--realization {realization}: {_one_line(err)}") from err
     return target

@@ -6,6 +6,8 @@
 """
 from .cli_model import CLIError, ModelSpec, _import_model
 
+STAGES = ("all", "ptx", "scanweaver.scan", "affine_scan", "assoc_scan", "blelloch", "gpu", "cpu", "llvm")
+
 
 def _fused_scans(mod, steps):
     """``(function, var, spec)`` of every scan after FuseAffineRecurrences."""
@@ -25,8 +27,9 @@ def _print_ptx(spec, arch, steps):
         report = art.ptxas if art.ptxas is not None else mlir_bridge.ptxas_check(art.ptx, arch=arch)
     print(art.ptx.rstrip())
     print(f"// ptxas -v -arch={arch}:")
-    for line in str(report).splitlines():
-        print(f"//   {line}")
+    for kernel, usage in report.items():
+        print(f"//   {kernel}: {usage['registers']} registers, {usage['shared_bytes']} B shared memory, "
+              f"spills {usage['spill_stores']} B stored / {usage['spill_loads']} B loaded")
 
 
 def cmd_mlir(args, steps):
@@ -37,7 +40,7 @@ def cmd_mlir(args, steps):
         import mlir_bridge
         from mlir_bridge import tools
 
-        tools.find_tool("mlir-opt")
+        tools.find("mlir-opt")
     mod = _import_model(spec_arg, args.length, steps)
     scans = _fused_scans(mod, steps)
     if not scans:
@@ -53,9 +56,6 @@ def cmd_mlir(args, steps):
         with steps("lowering through the MLIR stages", "the MLIR lowering failed"):
             stages = mlir_bridge.stages(spec)
         chosen = [s for s in stages if args.stage in ("all", s.name)]
-        if not chosen:
-            names = ", ".join(s.name for s in stages)
-            raise CLIError(f"--stage {args.stage}: no such stage; choose all, ptx or one of {names}")
         for stage in chosen:
             print(f"// ----- stage {stage.name}")
             print(stage.text.rstrip())
@@ -73,9 +73,8 @@ def add_parser(sub, parents, formatter_class, epilog, default_arch):
                                    "all, the default), one stage by name, or the PTX with ptxas's "
                                    "register/spill/shared-memory report (--stage ptx).",
                        epilog=epilog)
-    p.add_argument("--stage", default="all", metavar="STAGE",
-                   help="all (default), ptx, or one stage name (scanweaver.scan, affine_scan, "
-                        "assoc_scan, blelloch, gpu, cpu, llvm)")
+    p.add_argument("--stage", default="all", choices=STAGES, metavar="STAGE",
+                   help=f"all (default), ptx, or one stage: {', '.join(STAGES[2:])}")
     p.add_argument("--arch", default=default_arch, metavar="SM",
                    help=f"CUDA architecture for --stage ptx (default {default_arch})")
     p.set_defaults(run=cmd_mlir)

@@ -93,7 +93,7 @@ def assert_one_line_error(code, err, *fragments):
 def test_help_documents_commands_and_model_forms(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for word in ("report", "show-tir", "compile", ".onnx", "file.py:FACTORY", "package.module:FACTORY",
+    for word in ("report", "show-tir", "compile", "mlir", ".onnx", "file.py:FACTORY", "package.module:FACTORY",
                  "--length", "exit status 2"):
         assert word in out, word
     code, out, _ = run(capsys, "compile", "--help")
@@ -200,6 +200,51 @@ def test_cuda_without_nvcc_is_a_clear_error(capsys, tmp_path, monkeypatch):
     assert not out_path.exists()
 
 
+def test_mlir_without_its_tools_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("SCANWEAVER_MLIR_BIN", str(tmp_path / "empty"))
+    out_path = tmp_path / "x.so"
+    code, _, err = run(capsys, "compile", EMA, "--length", "4", "--realization", "mlir", "-o", out_path, "-q")
+    assert_one_line_error(code, err, "--realization mlir", "mlir-opt", "apt-get install mlir-22-tools")
+    code, _, err = run(capsys, "mlir", EMA, "--length", "4", "-q")
+    assert_one_line_error(code, err, "mlir-opt", "mlir-22-tools")
+    assert not out_path.exists()
+
+
+def test_mlir_prints_every_stage_and_the_ptx(capsys):
+    code, out, _ = run(capsys, "mlir", EMA, "--length", "8", "-q")
+    assert code == 0
+    stages = [line.split()[-1] for line in out.splitlines() if line.startswith("// ----- stage ")]
+    assert stages == ["scanweaver.scan", "affine_scan", "assoc_scan", "blelloch", "gpu", "cpu", "llvm"]
+    for op in ('"scanweaver.scan"', '"scanweaver.affine_scan"', '"scanweaver.assoc_scan"',
+               '"scanweaver.blelloch_up"', "gpu.barrier", "define i32 @scanweaver_mlir_"):
+        assert op in out, op
+    code, out, _ = run(capsys, "mlir", EMA, "--length", "8", "-q", "--stage", "ptx")
+    assert code == 0
+    assert ".entry scanweaver_affine_scan_" in out and "bar.sync" in out
+    assert "registers" in out and "spills 0 B stored / 0 B loaded" in out
+
+
+def test_compile_with_the_mlir_realization_runs_like_torch(capsys, tmp_path):
+    import tvm
+    from tvm import relax
+
+    from scanweaver_tvm import models
+
+    out_path = tmp_path / "ema_mlir.so"
+    code, out, err = run(capsys, "compile", EMA, "--length", "8", "--realization", "mlir", "-o", out_path, "-q")
+    assert code == 0, err
+    assert "1 scan (mlir)" in out
+    model, args = models.ema(length=8)
+    with torch.no_grad():
+        expected = model(*args)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out_path)), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    np.testing.assert_allclose(got.numpy() if hasattr(got, "numpy") else got[0].numpy(),
+                               (expected if isinstance(expected, torch.Tensor) else expected[0]).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("argv,fragments", [
     (["report", "missing.onnx"], ["model file not found: missing.onnx"]),
     (["report", "missing.py:make"], ["model file not found: missing.py"]),
@@ -214,7 +259,6 @@ def test_cuda_without_nvcc_is_a_clear_error(capsys, tmp_path, monkeypatch):
     (["report", "{onnx}", "--length", "4"], ["--length applies to factory MODELs only"]),
     (["report", "{onnx}"], ["cannot import", "ONNX model"]),
     (["report", EMA, "--length", "0"], ["positive integer"]),
-    (["compile", EMA, "--length", "4", "--realization", "mlir", "-o", "{out}"], ["mlir", "not implemented yet"]),
     (["compile", EMA, "--realization", "sycl", "-o", "{out}"], ["invalid choice: 'sycl'"]),
     (["compile", EMA, "--target", "rocm", "-o", "{out}"], ["--target 'rocm'"]),
     (["compile", EMA, "--arch", "sm_90", "-o", "{out}"], ["--arch applies to CUDA targets only"]),

@@ -120,8 +120,7 @@ def test_symbolic_length():
         np.testing.assert_allclose(out.numpy(), affine_scan(a, b, axis=1), rtol=1e-4, atol=1e-5)
 
 
-def test_two_scans_link_into_one_module():
-    """Two different scans: two MLIR kernels, their private symbols must not clash."""
+def _two_scans():
     spec1 = AffineScanSpec.create((2, 9), axis=1)
     spec2 = AffineScanSpec.create((2, 9), axis=1, reverse=True)
     a = relax.Var("a", relax.TensorType((2, 9), "float32"))
@@ -131,12 +130,27 @@ def test_two_scans_link_into_one_module():
         x = bb.emit(make_scan(spec1, [a, b]))
         y = bb.emit(make_scan(spec2, [a, x]))
         bb.emit_func_output(y)
-    ex = sw.compile(bb.get(), "llvm", realization="mlir")
+    return bb.get()
+
+
+def test_two_scans_link_into_one_module():
+    """Two different scans: two MLIR kernels, their private symbols must not clash."""
+    ex = sw.compile(_two_scans(), "llvm", realization="mlir")
     rng = np.random.default_rng(3)
     av = rng.uniform(0.5, 1, (2, 9)).astype("float32")
     bv = rng.standard_normal((2, 9)).astype("float32")
     want = affine_scan(av, affine_scan(av, bv, axis=1), axis=1, reverse=True)
     np.testing.assert_allclose(_run(ex, av, bv), want, rtol=1e-4, atol=1e-5)
+
+
+def test_two_scans_on_cuda_launch_their_own_kernels():
+    """Each scan's device module is imported separately: kernel names are per spec, or the
+    second launch would find the first scan's kernel."""
+    lowered = sw.pipeline(cuda_check.SM90, realization="mlir")(_two_scans())
+    kernels = [str(k) for f in _scan_funcs(lowered).values() for k in f.attrs["scanweaver.kernels"]]
+    assert len(kernels) == 2 and len(set(kernels)) == 2
+    ptx = cuda_check.module_ptx(sw.compile(_two_scans(), cuda_check.SM90, realization="mlir").mod)
+    assert sorted(k for k in kernels for text in ptx if f".entry {k}(" in text) == sorted(kernels)
 
 
 @pytest.mark.parametrize("factory,kwargs", [
