@@ -30,19 +30,24 @@ QUICK = {"plain": (1, 64, 256), "selective": (1, 64, 256, 16),
 TOL = 1e-4                                             # max rel. error vs the float64 oracle
 SELECTIVE_ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 OURS = "ours (TVM)"
+OURS_MLIR = "ours (MLIR CPU route)"
 
 # run() -> output; timer() -> {"ms", "min_ms", "n"}, or None to time run() with time_ms.
 Method = namedtuple("Method", "run timer", defaults=(None,))
 
 
-def ours(spec_kind, arrays):
-    """Our TVM realization of ``spec_kind`` ("plain" or "selective") as a ``Method``, or a
-    string saying why it is unavailable.  Plain ``arrays`` is ``(a, b)``, selective a dict."""
+def ours(spec_kind, arrays, realization="tir"):
+    """Our realization of ``spec_kind`` ("plain" or "selective") as a ``Method``, or a string
+    saying why it is unavailable.  Plain ``arrays`` is ``(a, b)``, selective a dict.
+    ``realization``: "tir" (TensorIR schedule) or "mlir" (the MLIR bridge's CPU route, linked
+    into a TVM module the same way ``sw.compile(..., realization="mlir")`` does)."""
     try:
         import tir_schedules
         build = tir_schedules.build
+        if realization == "mlir":
+            from mlir_bridge.tvm_wrap import build_cpu as build
     except (ImportError, AttributeError) as e:
-        return f"tir_schedules.build is not available ({e})"
+        return f"the {realization} realization is not available ({e})"
     import tvm
     from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
 
@@ -122,6 +127,7 @@ def plain_row(shape, bandwidth, notes, budget_s):
     ref = reference.affine_scan(a, b)
     methods = {name: (lambda f=f: Method(f(a, b))) for name, f in anchors.PLAIN.items()}
     methods[OURS] = lambda: ours("plain", (a, b))
+    methods[OURS_MLIR] = lambda: ours("plain", (a, b), "mlir")
     return _row(shape, anchors.plain_bytes(a, b), bandwidth, methods, ref, notes, budget_s)
 
 
@@ -131,6 +137,7 @@ def selective_row(shape, bandwidth, notes, budget_s):
                                    delta_bias=x["delta_bias"], delta_softplus=True)
     methods = {name: (lambda f=f: Method(f(x))) for name, f in anchors.SELECTIVE.items()}
     methods[OURS] = lambda: ours("selective", x)
+    methods[OURS_MLIR] = lambda: ours("selective", x, "mlir")
     return _row(shape, anchors.selective_bytes(x), bandwidth, methods, ref, notes, budget_s)
 
 
@@ -143,6 +150,8 @@ def _ratios(row):
         return {}
     mine = ms.pop(OURS)
     out = {"vs memory floor": mine / row["floor_ms"]}
+    if OURS_MLIR in ms:
+        out["MLIR route / TIR"] = ms.pop(OURS_MLIR) / mine
     out.update({f"speedup vs {k}": v / mine for k, v in ms.items()})
     return out
 

@@ -70,6 +70,15 @@ def cpu_primfunc(spec):
     return ib.get()
 
 
+def build_cpu(spec, target="llvm"):
+    """``cpu_primfunc`` compiled by TVM alone (function ``scanweaver_scan``): the MLIR route's
+    counterpart of ``tir_schedules.build``, for benchmarks and kernel-level tests."""
+    import tir_schedules
+
+    func = cpu_primfunc(spec)
+    return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=tir_schedules.resolve_target(target)).mod
+
+
 def _kernel_stub(kernel, target):
     """A body-less device PrimFunc with ``kernel``'s name and parameters: what TVM's CUDA
     module records per kernel (argument types, launch tags) is read from it."""

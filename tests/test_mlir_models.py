@@ -8,7 +8,6 @@ import tvm
 from tvm import relax, tirx
 
 import scanweaver_tvm as sw
-import tir_schedules
 from mlir_bridge import tvm_wrap
 from relax_pass.scan_op import make_scan
 from scanweaver_tvm import models
@@ -109,8 +108,7 @@ def test_symbolic_length():
     """The PrimFunc passes a symbolic L to the entry as its trailing i64 (Relax scans have a
     static L; a symbolic one is a TIR-level feature)."""
     spec = AffineScanSpec.create((2, None), axis=1)
-    func = tvm_wrap.cpu_primfunc(spec)
-    lib = tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=tir_schedules.host_target())
+    lib = tvm_wrap.build_cpu(spec)
     rng = np.random.default_rng(2)
     for n in (1, 3, 1025):
         a = rng.uniform(0.5, 1, (2, n)).astype("float32")
