@@ -9,12 +9,17 @@ from bench.gpu import prepare
 def test_prepare_quick_writes_consistent_manifests(tmp_path):
     prepare.main(["--quick", "--out", str(tmp_path)])
     manifests = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
-    assert {m["config"]["realization"] for m in manifests} == {"warp", "chunked", "blelloch", "selective_gpu"}
+    assert {m["config"]["realization"] for m in manifests} == {"warp", "chunked", "blelloch", "selective_gpu",
+                                                               "mlir"}
     for m in manifests:
         source = (tmp_path / m["source"]).read_text()
         names = {b["name"] for b in m["buffers"]}
         assert m["format"] == "scanweaver-gpu/1" and m["launches"]
         for launch in m["launches"]:
-            assert f"void __launch_bounds__({launch['block'][0]}) {launch['kernel']}(" in source
+            if m["source"].endswith(".ptx"):           # MLIR: PTX, launched by the same runner
+                signature = source.split(f".visible .entry {launch['kernel']}(", 1)[1].split(")", 1)[0]
+                assert signature.count(".param") == len(launch["args"])
+            else:
+                assert f"void __launch_bounds__({launch['block'][0]}) {launch['kernel']}(" in source
             assert set(launch["args"]) <= names
             assert launch["grid"][0] >= 1

@@ -3,7 +3,7 @@
     python -m bench.gpu.prepare [--out bench/gpu/artifacts] [--quick]
 
 One ``NAME.cu`` (TVM's CUDA source) + ``NAME.json`` (format ``scanweaver-gpu/1``, see
-README.md) per (realization, shape).  Launch geometry and scratch buffers are read off the
+README.md) per (realization, shape); for the MLIR realization ``NAME.ptx`` + ``NAME.json``.  Launch geometry and scratch buffers are read off the
 PrimFunc; argument order off each kernel's C signature.
 """
 import argparse
@@ -97,6 +97,33 @@ def artifact(spec, realization, out_dir, name):
     return manifest
 
 
+def mlir_artifact(spec, out_dir, name, arch="sm_90"):
+    """Write ``name.ptx`` and ``name.json`` for the MLIR realization of ``spec`` (the PTX that
+    ``sw.compile(..., realization="mlir")`` puts in a CUDA executable)."""
+    import mlir_bridge
+    from mlir_bridge.operands import operands
+
+    art = mlir_bridge.cuda_ptx(spec, arch=arch)
+    f32 = ("A", "D", "delta_bias")
+    buffers = [{"name": n, "role": "output" if is_out else "input", "shape": list(shape),
+                "dtype": "float32" if n in f32 else spec.dtype} for n, shape, _, is_out in operands(spec)]
+    launches = []
+    for k in art.kernels:
+        if any(kind != "ptr" for kind, _ in k.params):
+            raise RuntimeError(f"{name}: kernel {k.name} takes scalars; static shapes only here")
+        launches.append({"kernel": k.name, "grid": list(k.grid({"L": spec.length})),
+                         "block": list(k.block), "shared_mem_bytes": 0,
+                         "args": [operand for _, operand in k.params]})
+    kind = "plain" if isinstance(spec, AffineScanSpec) else "selective"
+    manifest = {"format": "scanweaver-gpu/1", "name": name, "kind": kind,
+                "spec": json.loads(json.dumps(dataclasses.asdict(spec))), "source": f"{name}.ptx",
+                "buffers": buffers, "launches": launches,
+                "config": {"realization": "mlir", "ptxas": art.ptxas}}
+    (out_dir / f"{name}.ptx").write_text(art.ptx)
+    (out_dir / f"{name}.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/gpu/artifacts")
@@ -114,6 +141,11 @@ def main(argv=None):
             print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
     sel = SelectiveScanSpec(b, d, l, n, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
     m = artifact(sel, "selective_gpu", out, f"selective_{b}x{d}x{l}x{n}")
+    print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
+    for shape in plain:
+        m = mlir_artifact(AffineScanSpec.create(shape), out, f"plain_mlir_{'x'.join(map(str, shape))}")
+        print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
+    m = mlir_artifact(sel, out, f"selective_mlir_{b}x{d}x{l}x{n}")
     print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
 
 
