@@ -22,7 +22,7 @@ from . import emit
 from .emit import MLIR_DTYPES
 from .kernel_common import (Kernel, barrier, bind_params, blelloch_tile, compose, identity,
                             param_type, workgroup_buffer)
-from .operands import operands
+from .operands import digest, operands
 
 
 def log1p(b, v):
@@ -94,7 +94,7 @@ def generate(stage):
     arg_types = [param_type(shape, dt) for _, shape, dt, _ in ops]
     ntiles = -(-spec.length // tile)
     b, globals_ = emit.Builder(), []
-    name = "scanweaver_selective_scan"
+    name = "scanweaver_selective_scan_" + digest(spec)
 
     def body(args):
         buf = {key: workgroup_buffer(b, globals_, f"sw_{key}", size) for key, size in (
