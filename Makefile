@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 
-.PHONY: setup test demo bench bench-models clean
+.PHONY: setup test demo bench bench-models bench-numerics clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ bench: setup
 
 bench-models: setup
 	$(PY) -m bench.models
+
+bench-numerics: setup
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m bench.numerics
 
 clean:
 	rm -rf $(VENV) build *.egg-info
