@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 from . import cli_mlir
-from .cli_model import CLIError, ModelSpec, _describe, _import_model, _one_line
+from .cli_model import CLIError, _describe, _import_model, _one_line, model_arg
 
 PROG = "scanweaver-tvm"
 EXIT_ERROR = 2
@@ -221,9 +221,7 @@ def _spec_line(function, var, spec, origin):
 
 
 def cmd_report(args, steps):
-    spec = ModelSpec(args.model)
-    if args.length is not None and spec.kind == "onnx":
-        raise CLIError("--length applies to factory MODELs only, not ONNX files")
+    spec = model_arg(args)
     with steps("loading TVM", "cannot load TVM"):
         from . import api
     mod = _import_model(spec, args.length, steps)
@@ -251,9 +249,7 @@ def cmd_report(args, steps):
 # -- show-tir --------------------------------------------------------------------------------
 
 def cmd_show_tir(args, steps):
-    spec = ModelSpec(args.model)
-    if args.length is not None and spec.kind == "onnx":
-        raise CLIError("--length applies to factory MODELs only, not ONNX files")
+    spec = model_arg(args)
     target = _resolve(_target_request(args), args.realization, steps)
     mod = _import_model(spec, args.length, steps)
     from tvm import tirx
@@ -344,9 +340,7 @@ def _signature(mod):
 
 
 def cmd_compile(args, steps):
-    spec = ModelSpec(args.model)
-    if args.length is not None and spec.kind == "onnx":
-        raise CLIError("--length applies to factory MODELs only, not ONNX files")
+    spec = model_arg(args)
     output = Path(args.output)
     if output.is_dir():
         raise CLIError(f"-o {args.output}: is a directory; give a file name such as model.so")

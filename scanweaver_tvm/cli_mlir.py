@@ -4,7 +4,7 @@
 -> ``assoc_scan`` -> ``blelloch`` -> upstream ``gpu`` -> the CPU route and its LLVM IR);
 ``--stage NAME`` one of them; ``--stage ptx`` the PTX for ``--arch`` and ptxas's resource report.
 """
-from .cli_model import CLIError, ModelSpec, _import_model
+from .cli_model import _import_model, model_arg
 
 STAGES = ("all", "ptx", "scanweaver.scan", "affine_scan", "assoc_scan", "blelloch", "gpu", "cpu", "llvm")
 
@@ -33,9 +33,7 @@ def _print_ptx(spec, arch, steps):
 
 
 def cmd_mlir(args, steps):
-    spec_arg = ModelSpec(args.model)
-    if args.length is not None and spec_arg.kind == "onnx":
-        raise CLIError("--length applies to factory MODELs only, not ONNX files")
+    spec_arg = model_arg(args)
     with steps("loading TVM and the MLIR tools", "cannot load the MLIR bridge"):
         import mlir_bridge
         from mlir_bridge import tools

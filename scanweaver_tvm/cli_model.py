@@ -77,6 +77,14 @@ class ModelSpec:
         return self.text
 
 
+def model_arg(args):
+    """The ``MODEL`` argument as a ``ModelSpec``, with ``--length`` checked against its kind."""
+    spec = ModelSpec(args.model)
+    if args.length is not None and spec.kind == "onnx":
+        raise CLIError("--length applies to factory MODELs only, not ONNX files")
+    return spec
+
+
 def _load_python_module(spec):
     if spec.kind == "module":
         try:
