@@ -223,7 +223,10 @@ def rewrite(mod, recurrences):
                 continue
             plan = _Plan(rec, *rec.facts)
             if plan.need_states or plan.need_last:
-                plans[rec.states[0]] = plan
+                # emitted at the first step, whose operands (rec.a, rec.b) are all bound by then;
+                # not at an h_0 = b_0 state put in front of it (fuzz case 1063: a coefficient
+                # recomputed per step is bound after h_0)
+                plans[rec.states[len(rec.states) - len(rec.bindings)]] = plan
     rewriter = _Rewriter(mod, plans)
     for name in by_function:
         gvar = mod.get_global_var(name)

@@ -182,9 +182,11 @@ def match_selective(rec, value_of, users):
     others = [b for b in by_base if b is not None and not b.same_as(delta)]
     if len(factors) != 3 or delta not in by_base or len(others) != 2 or None in by_base:
         return "b_t is not a slice of delta * B * u"
-    B = next((b for b in others if tensor_shape(b) == bnl), None)
-    u = next((b for b in others if tensor_shape(b) == bdl), None)
-    if B is None or u is None or not _computes(value_of, slice_b.args[0], [delta, B, u], "bdl,bnl,bdl->bdln"):
+    # which of the two is B and which u: by shape, and numerically when D == N makes them alike
+    B, u = next(((B, u) for B, u in (others, others[::-1])
+                 if tensor_shape(B) == bnl and tensor_shape(u) == bdl
+                 and _computes(value_of, slice_b.args[0], [delta, B, u], "bdl,bnl,bdl->bdln")), (None, None))
+    if B is None:
         return "b_t is not delta[b, d, l] * B[b, n, l] * u[b, d, l]"
     return _match_readout(rec, value_of, users, [u, delta, A, B])
 
