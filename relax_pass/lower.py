@@ -20,14 +20,21 @@ REALIZATIONS = ("tir", "mlir")
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):
-    def __init__(self, mod, target, realization, schedule):
+    def __init__(self, mod, target, realization, schedule, database=None):
         super().__init__(mod)
         self.target, self.realization, self.schedule = target, realization, schedule
+        self.database = database  # MetaSchedule tuning records (tir_schedules.search)
         self.cache = {}  # spec -> GlobalVar: equal scans share one PrimFunc
         self.device_modules = []  # runtime modules the executable must import (MLIR on CUDA)
 
     def _realize(self, spec):
         if self.realization == "tir":
+            if self.database is not None and self.schedule is None:
+                from tir_schedules import search
+
+                choice = search.best_choice(self.database, spec, self.target)
+                if choice is not None:
+                    return search.realize_choice(choice, self.target)
             return tir_schedules.realize(spec, self.target, self.schedule)
         from mlir_bridge import tvm_wrap
 
@@ -55,8 +62,10 @@ class _Lowerer(relax.PyExprMutator):
         return relax.op.call_tir(gvar, relax.Tuple(operands), types if len(types) > 1 else types[0])
 
 
-def LowerScans(target, realization="tir", schedule=None):  # noqa: N802 (TVM pass naming)
-    """The module pass lowering every scan for ``target`` with ``realization``."""
+def LowerScans(target, realization="tir", schedule=None, database=None):  # noqa: N802 (TVM pass naming)
+    """The module pass lowering every scan for ``target`` with ``realization``.  With a
+    MetaSchedule ``database`` (``sw.tune``), a scan with a record uses its best recorded
+    realization and knobs (TIR only); others keep the defaults."""
     if realization not in REALIZATIONS:
         raise ValueError(f"realization: {realization!r} is not available; choose from {REALIZATIONS}")
     if realization == "mlir" and schedule is not None:
@@ -65,7 +74,7 @@ def LowerScans(target, realization="tir", schedule=None):  # noqa: N802 (TVM pas
 
     @tvm.ir.transform.module_pass(opt_level=0, name="scanweaver.LowerScans")
     def lower(mod, _ctx):
-        lowerer = _Lowerer(mod, target, realization, schedule)
+        lowerer = _Lowerer(mod, target, realization, schedule, database)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 lowerer.builder_.update_func(gvar, lowerer.visit_expr(func))

@@ -11,11 +11,14 @@ from .spec import AffineScanSpec, SelectiveScanSpec
 
 _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
         "pipeline", "compile")
-__all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API]
+__all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API, "tune"]
 
 
 def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name == "tune":  # MetaSchedule search over the realizations (tuning.py)
+        from .tuning import tune
+        return tune
     raise AttributeError(f"module 'scanweaver_tvm' has no attribute {name!r}")

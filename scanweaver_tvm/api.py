@@ -74,19 +74,22 @@ def _default_pipeline(target):
     return relax.get_pipeline("default")
 
 
-def pipeline(target, realization="tir"):
+def pipeline(target, realization="tir", database=None):
     """Our passes for ``target``: FuseAffineRecurrences then LowerScans.  Put it in front of
-    ``relax.get_default_pipeline(target)`` (``compile`` does exactly that)."""
+    ``relax.get_default_pipeline(target)`` (``compile`` does exactly that).  ``database``:
+    tuning records from ``tune`` (each tuned scan uses its best record)."""
     target = _target(target)
-    return tvm.transform.Sequential([FuseAffineRecurrences(), LowerScans(target, realization)],
+    return tvm.transform.Sequential([FuseAffineRecurrences(),
+                                     LowerScans(target, realization, database=database)],
                                     name="scanweaver")
 
 
-def compile(mod, target="llvm", realization="tir"):  # noqa: A001 (mirrors tvm.compile)
+def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001 (mirrors tvm.compile)
     """Fuse recurrences, lower each scan with ``realization`` for ``target``, then TVM's default
-    pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU."""
+    pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
+    ``database``: MetaSchedule records from ``tune``; scans without a record use the defaults."""
     target = _target(target)
-    seq = tvm.transform.Sequential([pipeline(target, realization), _default_pipeline(target)])
+    seq = tvm.transform.Sequential([pipeline(target, realization, database), _default_pipeline(target)])
     return tvm.compile(mod, target=target, relax_pipeline=seq)
 
 

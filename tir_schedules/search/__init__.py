@@ -16,7 +16,9 @@ A scan spec becomes an ordinary MetaSchedule task:
   (``RealizedFeatures``: ``PerStoreFeature`` of the realized kernel, cached per choice);
 - ``tune_task(spec, target, cost_model, trials, seed, work_dir)`` -> ``JSONDatabase``: takes
   any ``ms.cost_model.CostModel`` (or ``"xgb"`` / ``"random"``);
-- ``best_choice(database, spec, target)``: the fastest recorded choice, or None.
+- ``best_choice(database, spec, target)``: the fastest recorded choice, or None;
+- ``load_tensor_intrin()``: call before making a ``TuneContext`` yourself (it imports
+  ``tvm.s_tir.tensor_intrin``, 100+ s on our machines without this).
 
 A tuning record is a normal MetaSchedule record: the trace (samples + annotations) and the
 measured run times of the realized kernel, in ``work_dir/database_{workload,tuning_record}.json``.
@@ -24,13 +26,15 @@ measured run times of the realized kernel, in ``work_dir/database_{workload,tuni
 from .builder import build_candidate, scan_builder
 from .features import RealizedFeatures
 from .mutate import MutateKnob
-from .realize import Choice, best_choice, choice_of, choice_of_trace, default_choice, realize_choice, realize_module
+from .realize import (Choice, best_choice, choice_of, choice_of_trace, default_choice, realize_choice,
+                      realize_module)
 from .space import ScanSpace, knob_values, realizations, sample
-from .task import make_cost_model, scan_runner, scan_task, tune_task
+from .task import load_tensor_intrin, make_cost_model, scan_runner, scan_task, tune_task
 from .workload import scan_workload, spec_from_json, spec_to_json, workload_module, workload_spec
 
 __all__ = ["Choice", "MutateKnob", "RealizedFeatures", "ScanSpace", "best_choice", "build_candidate",
-           "choice_of", "choice_of_trace", "default_choice", "knob_values", "make_cost_model",
+           "choice_of", "choice_of_trace", "default_choice", "knob_values", "load_tensor_intrin",
+           "make_cost_model",
            "realizations", "realize_choice", "realize_module", "sample", "scan_builder",
            "scan_runner", "scan_task", "scan_workload", "spec_from_json", "spec_to_json",
            "tune_task", "workload_module", "workload_spec"]

@@ -148,7 +148,8 @@ def _selective(spec):
                             with T.serial(0, n_state) as n:
                                 bc = (bi, g, n, t) if spec.groups else (bi, n, t)
                                 decay = T.exp(v[0] * A[d, n])
-                                T.buffer_store(h, decay * h[n] + v[0] * _f32(B[bc], dt) * _f32(u[bi, d, t], dt), [n])
+                                drive = v[0] * _f32(B[bc], dt) * _f32(u[bi, d, t], dt)
+                                T.buffer_store(h, decay * h[n] + drive, [n])
                                 T.buffer_store(v, v[1] + _f32(C[bc], dt) * h[n], [1])
                             if D is not None:
                                 T.buffer_store(v, v[1] + _f32(u[bi, d, t], dt) * D[d], [1])

@@ -1,0 +1,161 @@
+"""MetaSchedule search over the scan realizations (tir_schedules.search, sw.tune).
+
+The space covers every realization's knobs; sampled decisions give correct kernels (against
+the float64 reference, NaN-poisoned outputs) on the CPU and CUDA source with the sampled
+block size; a tiny real tuning run (random and XGBoost cost models) writes a MetaSchedule
+database whose best record ``sw.compile(..., database=db)`` uses, still correct."""
+import random
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+import scanweaver_tvm as sw
+import tir_schedules
+from harness import check_plain, plain_expected, plain_operands
+from relax_pass.scan_op import make_scan
+from scanweaver_tvm import AffineScanSpec, SelectiveScanSpec
+from test_selective import check as check_selective
+from tir_schedules import search
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+AFFINE = AffineScanSpec.create((2, 5, 37), a_shape=(5, 1), axis=-1, reverse=True, has_h0=True,
+                               outputs=("states", "last"))
+SELECTIVE = SelectiveScanSpec(1, 5, 37, 3, has_D=True, has_z=True, has_delta_bias=True,
+                              delta_softplus=True, has_h0=True, return_last_state=True)
+
+
+def sampled(spec, target, seed):
+    """One point of each design space, decisions drawn at random (seeded), as annotated modules."""
+    rng = random.Random(seed)
+    out = []
+    for name in search.realizations(spec, target):
+        knobs = {k: rng.choice(v) for k, v in search.knob_values(name, spec).items()}
+        out.append(search.sample(tvm.s_tir.Schedule(search.workload_module(spec)), name, spec, knobs).mod)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(tir_schedules.REALIZATIONS))
+def test_space_covers_every_knob(name):
+    module = tir_schedules.REALIZATIONS[name]
+    spec = AFFINE if module.FORM == "affine" else SELECTIVE
+    target = "llvm" if module.TARGET == "cpu" else CUDA
+    values = search.knob_values(name, spec)
+    default = module.default_config(spec)
+    assert set(values) == set(default)
+    assert all(int(default[k]) in v for k, v in values.items())
+    assert sum(len(v) > 1 for v in values.values()) >= 1  # something to search
+    space = search.ScanSpace(tvm.target.Target(target))
+    schedules = space.generate_design_space(search.workload_module(spec))
+    choices = [search.choice_of(s.mod) for s in schedules]
+    assert name in [c.schedule for c in choices]
+    trace = schedules[[c.schedule for c in choices].index(name)].trace
+    annotated = {str(i.attrs[0]) for i in trace.insts if i.kind.name == "Annotate"}
+    assert annotated == {"scanweaver.schedule"} | {f"scanweaver.{k}" for k in values}
+
+
+def test_workloads_are_correct_scans():
+    rng = np.random.default_rng(0)
+    check_plain(tvm.compile(search.workload_module(AFFINE), target="llvm").mod["main"], AFFINE, rng)
+    check_selective(tvm.compile(search.workload_module(SELECTIVE), target="llvm").mod["main"], SELECTIVE, rng)
+    assert search.workload_spec(search.workload_module(SELECTIVE)) == SELECTIVE
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_cpu_decisions_give_correct_kernels(seed):
+    rng = np.random.default_rng(seed)
+    host = tir_schedules.host_target()
+    for mod in sampled(AFFINE, "llvm", seed) + sampled(SELECTIVE, "llvm", seed):
+        choice = search.choice_of(mod)
+        kernel = search.build_candidate(mod, host)["main"]
+        if isinstance(choice.spec, AffineScanSpec):
+            check_plain(kernel, AFFINE, rng)
+        else:
+            check_selective(kernel, SELECTIVE, rng)
+
+
+def test_mutation_changes_exactly_one_knob():
+    mod = sampled(AFFINE, "llvm", 0)[0]
+    sch = tvm.s_tir.Schedule(search.workload_module(AFFINE))
+    search.sample(sch, "cpu", AFFINE, search.choice_of(mod).knobs)
+    mutant = search.MutateKnob().apply(sch.trace)
+    before, after = search.choice_of(mod).knobs, search.choice_of_trace(mutant, AFFINE).knobs
+    assert sum(before[k] != after[k] for k in before) == 1
+
+
+def test_features_see_the_realized_kernel():
+    host = tir_schedules.host_target()
+    mods = sampled(AFFINE, "llvm", 4) + [search.sample(tvm.s_tir.Schedule(search.workload_module(AFFINE)),
+                                                       "cpu", AFFINE, {"group": 1, "chunks": 4}).mod]
+    assert search.choice_of(mods[0]) != search.choice_of(mods[1])
+    search.load_tensor_intrin()
+    ctx = ms.TuneContext(mod=search.workload_module(AFFINE), target=host, num_threads=1)
+    args = ms.arg_info.ArgInfo.from_prim_func(mods[0]["main"])
+    feats = search.RealizedFeatures().extract_from(ctx, [ms.MeasureCandidate(tvm.s_tir.Schedule(m), args)
+                                                         for m in mods])
+    a, b = (f.numpy() for f in feats)
+    assert a.shape[1] == b.shape[1] and (a.shape != b.shape or not np.allclose(a, b))
+
+
+@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE], ids=["affine", "selective"])
+def test_sampled_gpu_decisions_compile_to_cuda(spec):
+    for mod in sampled(spec, CUDA, 5):
+        choice = search.choice_of(mod)
+        knobs = choice.knobs
+        threads = knobs.get("threads") or 32 * knobs["warps"]
+        source = tvm.compile(search.realize_module(mod, CUDA), target=tvm.target.Target(CUDA)).mod \
+            .imports[0].inspect_source()
+        assert f"__launch_bounds__({threads})" in source, f"{choice}: block size not in the kernel"
+
+
+def _scan_module(spec):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(spec.a_shape, spec.dtype))
+    b = relax.Var("b", relax.TensorType(spec.shape, spec.dtype))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(make_scan(spec, [a, b]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _lowered_scan(mod, database):
+    lowered = sw.pipeline("llvm", database=database)(mod)
+    (func,) = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+@pytest.mark.parametrize("cost_model", ["random", "xgb"])
+def test_tiny_tuning_run_feeds_compile(cost_model, tmp_path):
+    spec = AffineScanSpec.create((2, 48, 200))
+    mod = _scan_module(spec)
+    db = sw.tune(mod, "llvm", trials=6, cost_model=cost_model, work_dir=tmp_path, seed=1, progress=False)
+    assert (tmp_path / "database_tuning_record.json").exists()
+    records = db.get_all_tuning_records()
+    assert 2 <= len(records) <= 6
+    choices = [search.choice_of_trace(r.trace, spec) for r in records]
+    means = [np.mean([float(s) for s in r.run_secs]) for r in records]
+    best = choices[int(np.argmin(means))]
+    assert search.default_choice(spec, "llvm") in choices  # measured like any candidate
+    assert search.best_choice(db, spec, "llvm") == best
+    # the compiled module's scan is the best record's kernel, and differs from another record's
+    func = _lowered_scan(mod, db)
+    tvm.ir.assert_structural_equal(func.body, search.realize_choice(best).body, map_free_vars=True)
+    other = next(c for c in choices if c != best)
+    assert not tvm_ffi.structural_equal(func.body, search.realize_choice(other).body, map_free_vars=True)
+    a, b, _ = plain_operands(spec, np.random.default_rng(2))
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm", database=db), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    np.testing.assert_allclose(got, plain_expected(spec, a, b, None)["states"], rtol=2e-5, atol=2e-5)
+
+
+def test_tune_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="symbolic"):
+        sw.tune(AffineScanSpec.create((4, None)), work_dir=tmp_path)
+    with pytest.raises(ValueError, match="cost_model"):
+        sw.tune(AFFINE, cost_model="gbm", work_dir=tmp_path)
+    with pytest.raises(TypeError, match="mod_or_spec"):
+        sw.tune("model.onnx", work_dir=tmp_path)
