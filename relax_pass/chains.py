@@ -85,8 +85,11 @@ def find_chains(function_name, bindings):
         if v in link or v not in cands:
             continue
         if v in linked_to:  # v starts a chain: its own reading is the one matching its successor
-            succ_keys = keys(link[linked_to[v]])
-            first = next(r for r in cands[v] if keys(r) == succ_keys)
+            succ = link[linked_to[v]]
+            matching = [r for r in cands[v] if keys(r) == keys(succ)]
+            # with h_0 = b_0 and ``b + h``, both operands of the first step are slices: the
+            # reading whose index neighbours the successor's is the one that makes a chain
+            first = next((r for r in matching if _adjacent(_index(r), _index(succ))), matching[0])
             steps, readings = [v], [first]
             while steps[-1] in linked_to:
                 nxt = linked_to[steps[-1]]
@@ -98,6 +101,16 @@ def find_chains(function_name, bindings):
             if reason:
                 found.append(_rejected(function_name, [v], reason))
     return found
+
+
+def _index(reading):
+    """The one time index a step reading takes, or None."""
+    idx = {t.index for t in reading[3:5] if t.index is not None}
+    return idx.pop() if len(idx) == 1 else None
+
+
+def _adjacent(i, j):
+    return isinstance(i, int) and isinstance(j, int) and abs(i - j) == 1
 
 
 def _near_miss(an, cands, v):

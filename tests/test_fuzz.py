@@ -156,3 +156,30 @@ def test_first_state_as_b0_with_coefficients_bound_after_it():
     (rec,) = sw.find_recurrences(mod)
     assert rec.length == 5
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+class RunningSumFromFirstInput(torch.nn.Module):
+    """h_0 = x_0, then h = x_t + h (a = 1, input first): both operands of a step are slices."""
+
+    def __init__(self, reverse):
+        super().__init__()
+        self.reverse = reverse
+
+    def forward(self, x):
+        steps = list(range(x.shape[1]))[::-1] if self.reverse else list(range(x.shape[1]))
+        h = x[:, steps[0]]
+        for t in steps[1:]:
+            h = x[:, t] + h
+        return h
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_running_sum_from_first_input_reads_the_state_operand(reverse):
+    """Found by the fuzzer (seed 102): the first step was read with the slice x_1 as its state
+    and h_0 = x_0 as its input, so the chain's indices were [0, 2, 3, 4] and it was rejected."""
+    model, args = RunningSumFromFirstInput(reverse), (torch.randn(2, 5, 3),)
+    mod = sw.from_torch(model, args)
+    (rec,) = sw.find_recurrences(mod, include_rejected=True)
+    assert not rec.rejected, rec.reason
+    assert (rec.length, rec.reverse) == (5, reverse)
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
