@@ -18,6 +18,8 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+from scanweaver_tvm.spec import AffineScanSpec
+
 from .builder import scan_builder
 from .features import RealizedFeatures
 from .realize import choice_of, default_choice
@@ -33,6 +35,13 @@ def scan_task(spec, target, with_builder=True):
     target = tvm.target.Target(target)
     builder = scan_builder() if with_builder else None
     return workload_module(spec), ScanSpace(target), builder, RealizedFeatures()
+
+
+def task_name(spec):
+    """``affine_2x64x300`` / ``selective_1x1536x1024x16``: the task's name in logs."""
+    if isinstance(spec, AffineScanSpec):
+        return "affine_" + "x".join(map(str, spec.shape))
+    return "selective_" + "x".join(map(str, (spec.batch, spec.dim, spec.length, spec.dstate)))
 
 
 def load_tensor_intrin():
@@ -148,7 +157,7 @@ def tune_task(spec, target, cost_model="xgb", trials=64, seed=0, work_dir="scanw
     load_tensor_intrin()
     os.makedirs(work_dir, exist_ok=True)
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    name = f"{'x'.join(map(str, getattr(spec, 'shape', ())) or spec.dim)}"
+    name = task_name(spec)
     model = make_cost_model(cost_model, extractor or features)
     search_trials = trials
     if measure_default:
