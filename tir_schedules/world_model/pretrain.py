@@ -1,0 +1,43 @@
+"""Pretrain the world model on a dataset's training tasks: ``python -m tir_schedules.world_model.pretrain``.
+
+Fits the state normalization on the training tasks' initial programs, then runs the ranking
+training (``train.fit``) and saves the weights (default ``bench/data/world_model.pt``).
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .cost_model import WorldModelCostModel
+from .train import fit
+
+
+def pretrain(tasks, steps=800, seed=0, lr=3e-3, hidden=64):
+    """A ``WorldModelCostModel`` trained on ``tasks`` (``dataset.TaskData`` list); returns
+    ``(model, final mean loss, seconds)``."""
+    model = WorldModelCostModel(hidden=hidden, seed=seed)
+    model.set_normalization(np.stack([t.state for t in tasks]))
+    start = time.time()
+    loss = fit(model.net, [t.group for t in tasks], model.norm, steps, lr=lr, seed=seed)
+    return model, loss, time.time() - start
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="bench/data/tuning_dataset.json.gz")
+    ap.add_argument("--out", default="bench/data/world_model.pt")
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from .dataset import load_tasks
+    from .tuning import tuning_target
+    tasks = [t for t in load_tasks(args.data, tuning_target()) if t.split == "train"]
+    model, loss, secs = pretrain(tasks, args.steps, args.seed)
+    model.save(args.out)
+    print(f"[pretrain] {len(tasks)} tasks, {sum(t.group.n for t in tasks)} records, "
+          f"loss {loss:.3f}, {secs:.1f} s -> {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
