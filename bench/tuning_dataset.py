@@ -56,7 +56,8 @@ def main(argv=None):
     from tir_schedules.world_model.tuning import tune, tuning_target
     target = tuning_target()
     tasks = TASKS + ([] if args.no_scan else SCAN_TASKS)
-    out = {"version": dataset.VERSION, "target": target.export(), "trials": args.trials,
+    from tir_schedules.world_model.trace_json import plain
+    out = {"version": dataset.VERSION, "target": plain(target.export()), "trials": args.trials,
            "seed": args.seed, "runner": "time_evaluator number=3 repeat=3 min_repeat_ms=10, 1 thread",
            "tasks": []}
     for i, (family, params, split) in enumerate(tasks):
@@ -76,8 +77,8 @@ def main(argv=None):
               f"best {best * 1e6:.1f} us, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
         out["tasks"].append({"name": workloads.task_name(family, params), "family": family,
                              "params": params, "split": split, "records": records})
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    dataset.save(args.out, out)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        dataset.save(args.out, out)   # after every task: a late failure keeps the others
     print(f"[dataset] wrote {args.out} ({os.path.getsize(args.out) // 1024} KB, "
           f"{sum(len(t['records']) for t in out['tasks'])} records)", file=sys.stderr)
 

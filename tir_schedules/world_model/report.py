@@ -41,16 +41,18 @@ def _us(x):
 def write_markdown(result, path):
     rows, geo, match, complete = summarize(result)
     seeds = result.get("seeds")
-    out = [f"Search with {result['trials']} measured trials per task, mean over {seeds} seeds of the "
-           "best latency (us, lower is better); held-out tasks only (not in the world model's "
-           "training data).", "",
-           "| task | random | XGBoost | world model | XGBoost trials to match world model (per seed) |",
-           "|---|---|---|---|---|"]
+    out = [f"Search with {result['trials']} measured trials per task, mean over the seeds run "
+           f"(of {seeds} planned) of the best latency (us, lower is better); held-out tasks only "
+           "(not in the world model's training data).", "",
+           "| task | seeds | random | XGBoost | world model | XGBoost trials to match world model (per seed) |",
+           "|---|---|---|---|---|---|"]
     for task, r in rows.items():
         m = match.get(task, {})
+        n_seeds = min(len(v) for v in result["search"][task].values())
         per_seed = ", ".join(">" + str(result["trials"]) if v is None else str(v) for _, v in sorted(m.items()))
-        out.append(f"| {task} | " + " | ".join(_us(r.get(k)) for k in METHODS) + f" | {per_seed or '-'} |")
-    out.append(f"| **geomean** ({len(complete)} tasks) | " + " | ".join(_us(geo[k]) for k in METHODS) + " | |")
+        out.append(f"| {task} | {n_seeds} | " + " | ".join(_us(r.get(k)) for k in METHODS)
+                   + f" | {per_seed or '-'} |")
+    out.append(f"| **geomean** ({len(complete)} tasks) | | " + " | ".join(_us(geo[k]) for k in METHODS) + " | |")
     out += ["", "Ranking of held-out records (random samples of each task's space) by a model trained "
             "on the other tasks' records: Kendall tau, top-1 (fastest record ranked first), top-5 "
             "recall.", "",
@@ -69,6 +71,11 @@ def write_markdown(result, path):
     mean_cells = [np.mean(means[(n, k)]) if (n, k) in means else None
                   for k in ("kendall_tau", "top1", "top5_recall") for n in ("wm", "xgb")]
     out.append("| **mean** | | " + " | ".join("-" if c is None else f"{c:.2f}" for c in mean_cells) + " |")
+    constant = [f"{LABEL[m]} on {t}" for t, by_model in result["ranking"].items()
+                for m, d in by_model.items() if d.get("distinct") == 1]
+    if constant:
+        out += ["", "Constant predictions (every record scored the same; tau 0, top-k by a seeded "
+                "random tie order): " + "; ".join(constant) + "."]
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
     return "\n".join(out)

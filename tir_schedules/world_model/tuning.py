@@ -6,7 +6,6 @@ runner (``measure.py``), a given search strategy and cost model.  ``Recorder`` k
 ``(trace JSON, run seconds)`` per trial in measurement order, which the dataset stores and the
 evaluation turns into best-so-far curves.
 """
-import os
 import tempfile
 
 import numpy as np
