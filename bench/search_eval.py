@@ -40,7 +40,12 @@ def _replay(mod, trace_json):
 def _xgb_on_records(train_tasks, target):
     """MetaSchedule's XGBModel updated with the training tasks' records (replayed schedules)."""
     from tvm.s_tir import meta_schedule as ms
-    model = ms.cost_model.XGBModel(num_warmup_samples=0, adaptive_training=False, num_tuning_cores=1)
+    from tir_schedules.search import RealizedFeatures
+    from tir_schedules.search.task import load_tensor_intrin
+    load_tensor_intrin()
+    # scan records are annotated workloads: XGBoost must see their realized kernels, as in sw.tune
+    model = ms.cost_model.XGBModel(extractor=RealizedFeatures(), num_warmup_samples=0,
+                                   adaptive_training=False, num_tuning_cores=1)
     for t in train_tasks:
         context = ms.TuneContext(mod=t.mod, target=target, num_threads=1)
         args = ms.arg_info.ArgInfo.from_prim_func(t.mod["main"])
@@ -117,6 +122,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=800, help="pretraining steps")
     ap.add_argument("--tasks", default="", help="comma-separated held-out task families to search")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--ranking-only", action="store_true",
+                    help="recompute the held-out ranking; keep the search runs already in --out.json")
+    ap.add_argument("--resume", action="store_true", help="skip search runs already in --out.json")
     args = ap.parse_args(argv)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     if args.report_only:
@@ -135,10 +143,19 @@ def main(argv=None):
     heldout = [t for t in tasks if t.split == "heldout"]
     wm, loss, secs = pretrain(train, steps=args.steps)
     wm.save(args.model)
+    previous = {}
+    if (args.resume or args.ranking_only) and os.path.exists(args.out + ".json"):
+        with open(args.out + ".json") as f:
+            previous = json.load(f)
     result = {"trials": args.trials, "seeds": args.seeds, "target": plain(target.export()),
               "pretrain": {"tasks": len(train), "records": sum(t.group.n for t in train),
                            "loss": loss, "seconds": secs},
-              "ranking": ranking_eval(train, heldout, wm, target), "search": {}}
+              "ranking": ranking_eval(train, heldout, wm, target), "search": previous.get("search", {})}
+    if args.ranking_only:
+        with open(args.out + ".json", "w") as f:
+            json.dump(result, f)
+        write_markdown(result, args.out + ".md")
+        return
     print(f"[eval] pretrained in {secs:.1f} s; ranking: {json.dumps(result['ranking'])}", file=sys.stderr)
     wanted = set(filter(None, args.tasks.split(",")))
     search_tasks = [t for t in heldout if not wanted or t.family in wanted]
@@ -147,6 +164,8 @@ def main(argv=None):
     runs = [(seed, t) for phase in phases for seed in range(args.seeds) for t in phase]
     for seed, t in runs:   # standard tasks (all seeds) first: they are the cheaper, complete table
         for method in METHODS:
+            if str(seed) in result["search"].get(t.name, {}).get(method, {}):
+                continue                                  # --resume: measured already
             start = time.time()
             try:
                 lat = search_run(t, method, seed, args.trials, args.model, target)

@@ -90,3 +90,22 @@ def test_save_load_round_trip_predicts_identically(tuned, tmp_path):
     fresh = WorldModelCostModel(seed=1)          # other weights give other scores
     assert not np.array_equal(before, fresh.predict(context, sch_list))
     assert before.dtype == np.float64 and np.all((before > 0) & (before <= 1))
+
+
+def test_realized_features_pass_ordinary_tasks_through(tuned):
+    """XGBoost in the evaluation uses ``RealizedFeatures`` for every task: on a task that is not
+    a scan workload it must give exactly ``PerStoreFeature``'s rows."""
+    from tir_schedules.search import RealizedFeatures
+
+    context = ms.TuneContext(mod=tuned["mod"], target=tuned["target"], num_threads=1)
+    args = ms.arg_info.ArgInfo.from_prim_func(tuned["mod"]["main"])
+    cands = []
+    for rec in tuned["db"].get_all_tuning_records()[:3]:
+        sch = tvm.s_tir.Schedule(tuned["mod"])
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        cands.append(ms.MeasureCandidate(sch, args))
+    ours = RealizedFeatures().extract_from(context, cands)
+    plain = ms.feature_extractor.PerStoreFeature().extract_from(context, cands)
+    assert len(ours) == len(plain) == len(cands)
+    for a, b in zip(ours, plain):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -12,6 +12,13 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 
 from .realize import choice_of, realize_choice
+from .workload import SPEC_ATTR
+
+
+def is_scan_workload(mod):
+    """Whether ``mod``'s ``main`` is a scan workload (``scan_workload``), i.e. needs realizing."""
+    func = mod["main"] if mod is not None and "main" in [g.name_hint for g in mod.get_global_vars()] else None
+    return func is not None and func.attrs is not None and SPEC_ATTR in func.attrs
 
 
 @derived_object
@@ -23,6 +30,8 @@ class RealizedFeatures(PyFeatureExtractor):
         self.cache = {}
 
     def extract_from(self, context, candidates):
+        if not is_scan_workload(context.mod):      # an ordinary task: its own program is the kernel
+            return self.inner.extract_from(context, candidates)
         choices = [choice_of(c.sch.mod) for c in candidates]
         missing = {}
         for choice, cand in zip(choices, candidates):

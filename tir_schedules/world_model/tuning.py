@@ -54,6 +54,9 @@ def tune(mod, target, search="evolutionary", cost_model="random", trials=64, see
     """Tune ``mod`` (IRModule with ``main``); returns the ``Recorder``'s trial list.
 
     ``database``: where MetaSchedule commits the records (default: in memory)."""
+    from tir_schedules.search.task import load_tensor_intrin
+
+    load_tensor_intrin()   # what every TuneContext imports, in seconds instead of minutes
     recorder = Recorder()
     with tempfile.TemporaryDirectory(prefix="wm_tune_") as tmp:
         work_dir = work_dir or tmp
