@@ -51,12 +51,6 @@ class Recurrence:
     facts: object = field(default=None, repr=False)              # (users, value) of the function
 
 
-def _mentions(key, var):
-    if isinstance(key, tuple):
-        return any(_mentions(k, var) for k in key)
-    return key is var or (isinstance(key, relax.Var) and key.same_as(var))
-
-
 def find_chains(function_name, bindings):
     """All recurrences (accepted and rejected) among ``bindings`` (one binding block)."""
     an = Analysis(bindings)
@@ -118,7 +112,7 @@ def _near_miss(an, cands, v):
     for p, a, b, ta, tb in cands[v]:
         if ta.index is None and tb.index is None:
             continue  # no per-step input: not a recurrence over time
-        if p in cands and (_mentions(ta.key, p) or _mentions(tb.key, p)):
+        if p in cands and (an.mentions(ta.key, p) or an.mentions(tb.key, p)):
             return f"step {v.name}: its coefficient depends on the state {p.name} (not affine in h)"
         value = an.value.get(p)
         name = op_name(value)

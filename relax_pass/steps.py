@@ -54,7 +54,9 @@ def _const_scalar(expr):
 @dataclass(frozen=True)
 class Template:
     """A coefficient's structure: ``key`` (hashable, equal across steps) and the step index
-    of its slices (``None`` when it has none: loop-invariant)."""
+    of its slices (``None`` when it has none: loop-invariant).  An ``("op", ...)`` key names
+    its operands' keys by interned ids (``Analysis.key_of``), so keys stay shallow however deep
+    the expression: comparing and hashing them never recurses through a whole chain."""
 
     key: tuple
     index: object = None        # int, None (no slice) or "mixed"
@@ -66,6 +68,7 @@ class Analysis:
     def __init__(self, bindings):
         self.value = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
         self._templates = {}
+        self._ids, self._keys = {}, []     # hash-consing of template keys: key <-> id
 
     # -- templates ---------------------------------------------------------------------------
     def template(self, expr):
@@ -90,11 +93,38 @@ class Analysis:
             children = [self.template(a) for a in value.args]
             indices = {c.index for c in children if c.index is not None}
             attrs = str(value.attrs) if value.attrs is not None else ""
-            key = ("op", name, attrs, tuple(c.key for c in children))
+            key = ("op", name, attrs, tuple(self._intern(c.key) for c in children))
             if not indices:
                 return Template(key)      # invariant, compared structurally
             return Template(key, indices.pop() if len(indices) == 1 else "mixed")
         return Template(("var", var))
+
+    def _intern(self, key):
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+        return found
+
+    def key_of(self, key_id):
+        """The key an ``("op", ...)`` key refers to by id."""
+        return self._keys[key_id]
+
+    def mentions(self, key, var):
+        """Whether the expression behind ``key`` reads ``var`` (walked without recursion)."""
+        stack, seen = [key], set()
+        while stack:
+            k = stack.pop()
+            if isinstance(k, tuple):
+                if k and k[0] == "op":
+                    fresh = [i for i in k[3] if i not in seen]
+                    seen.update(fresh)
+                    stack.extend(self._keys[i] for i in fresh)
+                else:
+                    stack.extend(k)
+            elif k is var or (isinstance(k, relax.Var) and k.same_as(var)):
+                return True
+        return False
 
     # -- steps -------------------------------------------------------------------------------
     def step_candidates(self, var):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import tvm
 
 import scanweaver_tvm as sw
 from scanweaver_tvm import models
@@ -183,3 +184,28 @@ def test_running_sum_from_first_input_reads_the_state_operand(reverse):
     assert not rec.rejected, rec.reason
     assert (rec.length, rec.reverse) == (5, reverse)
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+class LongNearMiss(torch.nn.Module):
+    """h = tanh(g * h + x) or h = (0.5 + 0.1 * h) * h + x over many steps: not affine in h."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x, g):
+        h = torch.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            h = torch.tanh(g[:, t] * h + x[:, t]) if self.kind == "tanh" else (0.5 + 0.1 * h) * h + x[:, t]
+        return h
+
+
+@pytest.mark.parametrize("kind", ["tanh", "h_coefficient"])
+def test_long_near_miss_is_rejected_without_recursing(kind):
+    """Found by the fuzzer (seeds 505, 529, L = 472): coefficient templates nested the whole
+    chain, and comparing them hit Python's recursion limit.  Keys are hash-consed now."""
+    model, args = LongNearMiss(kind), (torch.randn(2, 400, 3), torch.rand(2, 400, 3))
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert found and all(r.rejected for r in found), found
+    tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
