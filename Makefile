@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 
-.PHONY: setup test demo bench bench-models bench-numerics clean
+.PHONY: setup test demo bench bench-models bench-numerics bench-dataset bench-search fuzz clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,15 @@ bench-models: setup
 bench-numerics: setup
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m bench.numerics
+
+bench-dataset: setup
+	$(PY) -m bench.tuning_dataset
+
+bench-search: setup
+	$(PY) -m bench.search_eval
+
+fuzz: setup
+	$(PY) -m bench.fuzz --count 1000 --seed 0 --out bench/out/fuzz
 
 clean:
 	rm -rf $(VENV) build *.egg-info
