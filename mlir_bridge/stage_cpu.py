@@ -41,8 +41,9 @@ class _Lowering:
             return self.clone(new.op)[0]      # a pure thread value: recompute it in this stretch
         return new
 
-    def clone(self, op):
-        """Copy ``op`` (and its regions) at the insertion point with operands remapped."""
+    def copy_regions(self, op, fill):
+        """New regions shaped like ``op``'s: each block's arguments remapped, then ``fill(block)``
+        emits its body at the new block."""
         regions = []
         for region in op.regions:
             new_region = []
@@ -50,10 +51,18 @@ class _Lowering:
                 with self.b.block([a.type for a in blk.args]) as nb:
                     for old, new in zip(blk.args, nb.args):
                         self.vmap[id(old)] = new
-                    for inner in blk.ops:
-                        self.clone(inner)
+                    fill(blk)
                 new_region.append(nb)
             regions.append(new_region)
+        return regions
+
+    def clone(self, op):
+        """Copy ``op`` (and its regions) at the insertion point with operands remapped."""
+        def fill(blk):
+            for inner in blk.ops:
+                self.clone(inner)
+
+        regions = self.copy_regions(op, fill)
         results = [self.b.fresh(r.type) for r in op.results]
         self.b.append(emit.Op(op.name, [self.value(v) for v in op.operands], results,
                               op.props, op.attrs, regions))
@@ -108,18 +117,12 @@ class _Lowering:
                    for v in op.operands)
 
     def _uniform_region_op(self, op, operands):
-        regions = []
-        for region in op.regions:
-            new_region = []
-            for blk in region:
-                with self.b.block([a.type for a in blk.args]) as nb:
-                    for old, new in zip(blk.args, nb.args):
-                        self.vmap[id(old)] = new
-                    self.body(blk.ops[:-1])
-                    self.flush()
-                    self.b.op("scf.yield")
-                new_region.append(nb)
-            regions.append(new_region)
+        def fill(blk):
+            self.body(blk.ops[:-1])
+            self.flush()
+            self.b.op("scf.yield")
+
+        regions = self.copy_regions(op, fill)
         self.b.append(emit.Op(op.name, operands, [], op.props, op.attrs, regions))
 
 
