@@ -5,6 +5,8 @@ Each scan that ``FuseAffineRecurrences`` finds becomes one MetaSchedule task
 and timed on the target, and the records go to a ``JSONDatabase`` in ``work_dir``.
 ``sw.compile(mod, target, database=db)`` then lowers every tuned scan with its best record.
 """
+from pathlib import Path
+
 import tvm
 from tvm import relax
 
@@ -35,14 +37,21 @@ def scan_specs(mod):
     return specs
 
 
+# weights pretrained by ``python -m tir_schedules.world_model.pretrain`` (``make bench-dataset``)
+PRETRAINED_WORLD_MODEL = Path(__file__).resolve().parents[1] / "bench" / "data" / "world_model.pt"
+
+
 def world_cost_model(path=None):
-    """The latent-dynamics cost model (``tir_schedules.world_model``), loaded from ``path``."""
+    """The latent-dynamics cost model (``tir_schedules.world_model``), loaded from ``path``;
+    by default the pretrained weights in ``bench/data`` (untrained when they are absent)."""
     try:
         from tir_schedules.world_model import WorldModelCostModel
     except ImportError as err:
         raise RuntimeError("cost_model='world' needs tir_schedules.world_model.WorldModelCostModel, "
                            f"which cannot be imported here ({err}); use 'xgb' or 'random'") from err
     model = WorldModelCostModel()
+    if path is None and PRETRAINED_WORLD_MODEL.exists():
+        path = PRETRAINED_WORLD_MODEL
     if path is not None:
         model.load(str(path))
     return model

@@ -128,7 +128,7 @@ def _lowered_scan(mod, database):
     return func
 
 
-@pytest.mark.parametrize("cost_model", ["random", "xgb"])
+@pytest.mark.parametrize("cost_model", ["random", "xgb", "world"])
 def test_tiny_tuning_run_feeds_compile(cost_model, tmp_path):
     spec = AffineScanSpec.create((2, 48, 200))
     mod = _scan_module(spec)
@@ -159,3 +159,17 @@ def test_tune_rejects_bad_input(tmp_path):
         sw.tune(AFFINE, cost_model="gbm", work_dir=tmp_path)
     with pytest.raises(TypeError, match="mod_or_spec"):
         sw.tune("model.onnx", work_dir=tmp_path)
+
+
+def test_world_cost_model_defaults_to_the_pretrained_weights():
+    import torch
+
+    from scanweaver_tvm.tuning import PRETRAINED_WORLD_MODEL, world_cost_model
+    from tir_schedules.world_model import WorldModelCostModel
+
+    assert PRETRAINED_WORLD_MODEL.exists()
+    default = world_cost_model().net.state_dict()
+    pretrained = WorldModelCostModel(path=str(PRETRAINED_WORLD_MODEL)).net.state_dict()
+    untrained = WorldModelCostModel(seed=1).net.state_dict()
+    assert all(torch.equal(default[k], pretrained[k]) for k in default)
+    assert not all(torch.equal(default[k], untrained[k]) for k in default)
