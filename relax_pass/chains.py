@@ -33,11 +33,15 @@ class Recurrence:
     bindings: tuple
     rejected: bool = False
     reason: str = ""
+    validation_s: float = None      # time spent validating the rewrite (None: not validated)
+
     def __repr__(self):
         span = self.bindings[0] if len(self.bindings) == 1 else f"{self.bindings[0]}..{self.bindings[-1]}"
         what = f"rejected: {self.reason}" if self.rejected else (
             f"L={self.length} axis={self.axis} {'reverse' if self.reverse else 'forward'} "
             f"state {self.state_shape} {self.dtype}")
+        if self.validation_s is not None and not self.rejected:
+            what += f", validated in {self.validation_s * 1e3:.1f} ms"
         return f"<{self.form} recurrence in {self.function} ({span}, {len(self.bindings)} bindings): {what}>"
 
     # the plan the rewrite follows (not part of the report)

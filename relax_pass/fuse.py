@@ -20,12 +20,13 @@ from .cumulative import cumulative_recurrences, cumulative_scan
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
+from .validate import validate
 
 
-def analyze(mod, cumulative=False):
-    """All recurrences of every Relax function in ``mod``, accepted and rejected; accepted
-    chains that are Mamba selective scans get ``form == "selective"`` and their match;
-    with ``cumulative``, also ``cumsum``/``cumprod`` ops."""
+def find(mod, cumulative=False):
+    """All recurrences of every Relax function in ``mod``, accepted and rejected, before
+    validation; accepted chains that are Mamba selective scans get ``form == "selective"`` and
+    their match; with ``cumulative``, also ``cumsum``/``cumprod`` ops."""
     found = []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -47,6 +48,30 @@ def analyze(mod, cumulative=False):
                         rec.form, rec.selective = "selective", match
                 found.append(rec)
     return found
+
+
+def fuse(mod, cumulative=False):
+    """``(new module, recurrences)``: every accepted recurrence rewritten and validated
+    (``validate.py``); one that fails validation is marked rejected with the reason and left
+    exactly as it was."""
+    recurrences = find(mod, cumulative)
+    while True:
+        new, replaced = rewrite(mod, recurrences)
+        failed = False
+        for rec in recurrences:
+            if rec.rejected or id(rec) not in replaced:
+                continue
+            ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)])
+            rec.validation_s = seconds
+            if not ok:
+                rec.rejected, rec.reason, failed = True, f"validation failed: {why}", True
+        if not failed:
+            return new, recurrences
+
+
+def analyze(mod, cumulative=False):
+    """What ``FuseAffineRecurrences(cumulative)`` finds in ``mod``, validated (``fuse``)."""
+    return fuse(mod, cumulative)[1]
 
 
 def _users(func):
@@ -90,13 +115,17 @@ class _Plan:
         self.need_last = self.last in self.external
 
     def _stacking(self, concat, value, users):
+        """``(axis, expand_axis or None, increasing)`` when ``concat`` gathers exactly the
+        chain's states (each maybe through its own ``expand_dims``) in time order or its reverse;
+        axes normalized (``torch.stack(hs, -1)`` exports with negative ones)."""
         fields = concat.args[0].fields
+        rank = len(self.rec.state_shape)
         states, expand_axes = [], set()
         for f in fields:
             inner = value.get(f)
             if (op_name(inner) == "relax.expand_dims" and len(inner.attrs.axis) == 1
                     and len(users.get(f, [])) == 1):
-                expand_axes.add(int(inner.attrs.axis[0]))
+                expand_axes.add(int(inner.attrs.axis[0]) % (rank + 1))
                 f = inner.args[0]
             else:
                 expand_axes.add(None)
@@ -111,7 +140,8 @@ class _Plan:
             increasing = False
         else:
             return None
-        return int(concat.attrs.axis), expand_axes.pop() is not None, increasing
+        expand = expand_axes.pop()
+        return int(concat.attrs.axis) % (rank + (expand is not None)), expand, increasing
 
 
 @relax.expr_functor.mutator
@@ -120,9 +150,13 @@ class _Rewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.plans = plans              # first state var -> _Plan (affine) or the Recurrence
         self.dropped = set()
+        self.replaced = {}              # id(recurrence) -> [(old var, new expr)]
+        self._current = None
 
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
+        if plan is not None:
+            self._current = self.replaced.setdefault(id(getattr(plan, "rec", plan)), [])
         if isinstance(plan, _Plan):
             self._emit(plan)
         elif plan is not None and plan.form == "selective":
@@ -160,17 +194,35 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 pos = relax.const(plan.position[s], "int64")
                 self._replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
-        for c, (cat_axis, expanded, increasing) in plan.concats.items():
-            stacked = outs["states"]
-            if not increasing:
-                stacked = bb.emit(relax.op.flip(stacked, axis))
-            if cat_axis != axis:
-                perm = list(range(rank + 1))
-                perm.insert(cat_axis, perm.pop(axis))
-                stacked = bb.emit(relax.op.permute_dims(stacked, perm))
-            if not expanded:        # concat of unexpanded states: the stack with L merged in
-                stacked = bb.emit(relax.op.reshape(stacked, tensor_shape(c)))
-            self._replace(c, stacked)
+        for c, (cat_axis, expand, increasing) in plan.concats.items():
+            self._replace(c, self._gathered(outs["states"], axis, rank, cat_axis, expand, increasing,
+                                            tensor_shape(c)))
+
+    def _gathered(self, states, axis, rank, cat_axis, expand, increasing, shape):
+        """What ``concat([expand_dims(h_t, expand) ...], cat_axis)`` computed, from the scan's
+        stacked ``states`` (L at ``axis``): concatenating the pieces along ``cat_axis`` is
+        stacking them there and merging L with the next dim (a reshape)."""
+        bb = self.builder_
+        if not increasing:
+            states = bb.emit(relax.op.flip(states, axis))
+        if expand == cat_axis:                                             # a plain torch.stack
+            perm = [i for i in range(rank + 1) if i != axis]
+            perm.insert(cat_axis, axis)
+            return states if perm == list(range(rank + 1)) else bb.emit(relax.op.permute_dims(states, perm))
+        perm = [i for i in range(rank + 1) if i != axis] + [axis]        # L last
+        if perm != list(range(rank + 1)):
+            states = bb.emit(relax.op.permute_dims(states, perm))
+        piece_rank = rank
+        if expand is not None:                                             # the pieces' unit dim
+            states = bb.emit(relax.op.expand_dims(states, [expand]))
+            piece_rank += 1
+        perm = list(range(piece_rank))
+        perm.insert(cat_axis, piece_rank)                                  # L stacked at cat_axis
+        if perm != list(range(piece_rank + 1)):
+            states = bb.emit(relax.op.permute_dims(states, perm))
+        if tensor_shape(states) != shape:
+            states = bb.emit(relax.op.reshape(states, shape))
+        return states
 
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective
@@ -184,6 +236,7 @@ class _Rewriter(relax.PyExprMutator):
     def _replace(self, var, new):
         self.set_var_remap(var, new)
         self.dropped.add(var)
+        self._current.append((var, new))
 
     def _vectorize(self, rec, expr, rank):
         """The whole-sequence tensor of a step coefficient (see module docstring)."""
@@ -208,13 +261,14 @@ class _Rewriter(relax.PyExprMutator):
 
 
 def rewrite(mod, recurrences):
-    """Apply the accepted ``recurrences`` (from ``analyze(mod)``); returns a new module."""
+    """Apply the accepted ``recurrences`` (from ``find(mod)``): ``(new module, replaced)``,
+    ``replaced`` mapping ``id(rec)`` to the ``(old var, new expr)`` pairs it replaced."""
     by_function = {}
     for rec in recurrences:
         if not rec.rejected:
             by_function.setdefault(rec.function, []).append(rec)
     if not by_function:
-        return mod
+        return mod, {}
     plans = {}
     for recs in by_function.values():
         for rec in recs:
@@ -235,7 +289,7 @@ def rewrite(mod, recurrences):
     for name in by_function:
         gvar = new.get_global_var(name)
         new[gvar] = _prune(new[gvar])
-    return new
+    return new, rewriter.replaced
 
 
 def _prune(func):
@@ -264,4 +318,4 @@ class FuseAffineRecurrences:
         self.cumulative = cumulative
 
     def transform_module(self, mod, _ctx):
-        return rewrite(mod, analyze(mod, self.cumulative))
+        return fuse(mod, self.cumulative)[0]

@@ -161,5 +161,9 @@ class Analysis:
             return True
         if name == "relax.full":
             return _const_scalar(value.args[1]) == 0
+        if name == "relax.full_like":
+            return _const_scalar(value.args[1]) == 0
+        if name == "relax.zeros_like":
+            return True
         data = getattr(value, "value", None) if isinstance(value, tvm.ir.expr.GenericConst) else None
         return data is not None and not np.any(data.numpy())

@@ -1,0 +1,301 @@
+"""A float64 numpy interpreter for the Relax ops a recurrence region is made of.
+
+Translation validation (``validate.py``) runs a chain as imported and its replacement on the
+same random inputs; this module gives both a meaning.  Float casts are identities (the check
+compares the algebra in float64, not the rounding of a dtype); ScanWeaver's own scan calls run
+the float64 reference.  An op it does not know raises ``Unsupported`` naming it, never a guess.
+"""
+import numpy as np
+import tvm
+from tvm import relax
+
+from scanweaver_tvm import reference
+from scanweaver_tvm.spec import AffineScanSpec
+
+from .scan_op import parse_scan
+from .steps import op_name
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class Unsupported(Exception):
+    """The interpreter has no meaning for this expression (the message names it)."""
+
+
+def _erf(x):
+    from scipy.special import erf  # pylint: disable=import-outside-toplevel
+
+    return erf(x)
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    return np.where(beta * x > threshold, x, np.logaddexp(0.0, beta * x) / beta)
+
+
+UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tanh": np.tanh, "abs": np.abs,
+    "negative": np.negative, "square": np.square, "log1p": np.log1p, "expm1": np.expm1,
+    "sin": np.sin, "cos": np.cos, "erf": _erf, "floor": np.floor, "ceil": np.ceil,
+    "round": np.round, "sign": np.sign, "nn.silu": lambda x: x / (1.0 + np.exp(-x)),
+    "nn.relu": lambda x: np.maximum(x, 0.0), "logical_not": np.logical_not,
+    "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite, "reciprocal": lambda x: 1.0 / x,
+}
+BINARY = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+    "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
+    "floor_divide": np.floor_divide, "equal": np.equal, "not_equal": np.not_equal,
+    "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+    "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+}
+
+
+def _ints(x):
+    if x is None:
+        return None
+    if isinstance(x, (relax.Tuple, relax.ShapeExpr)):
+        x = x.fields if isinstance(x, relax.Tuple) else x.values
+    values = getattr(x, "values", x)
+    out = []
+    for v in values:
+        v = getattr(v, "value", v)
+        out.append(int(v))
+    return out
+
+
+def _axes(attr, ndim):
+    return None if attr is None else tuple(int(a) % ndim for a in _ints(attr))
+
+
+def _np_dtype(dtype):
+    dtype = str(dtype)
+    if dtype in FLOAT_DTYPES:
+        return np.float64
+    return np.dtype("bool" if dtype == "bool" else dtype)
+
+
+def _prim(x):
+    return float(getattr(x, "value", x))
+
+
+def _reduce(fn, call, x):
+    a = call.attrs
+    axes = _axes(a.axis, x.ndim)
+    return fn(x, axis=axes, keepdims=bool(a.keepdims))
+
+
+def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-many-branches
+    name = op_name(call)[len("relax."):]
+    a = call.attrs
+    if name in UNARY:
+        return UNARY[name](args[0])
+    if name in BINARY:
+        return BINARY[name](args[0], args[1])
+    if name == "astype":
+        return args[0].astype(_np_dtype(a.dtype))
+    if name == "clip":
+        return np.clip(args[0], _prim(call.args[1]), _prim(call.args[2]))
+    if name == "where":
+        return np.where(args[0], args[1], args[2])
+    if name == "nn.softplus":
+        return _softplus(args[0], float(a.beta), float(a.threshold))
+    if name == "take":
+        return np.take(args[0], args[1].astype(np.int64), axis=int(a.axis))
+    if name == "strided_slice":
+        x, axes = args[0], _ints(call.args[1])
+        begin, end = _ints(call.args[2]), _ints(call.args[3])
+        strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+        index = [slice(None)] * x.ndim
+        for ax, lo, hi, st in zip(axes, begin, end, strides):
+            index[ax % x.ndim] = slice(lo, hi, st)
+        return x[tuple(index)]
+    if name == "concat":
+        return np.concatenate(args[0], axis=int(a.axis))
+    if name == "split":
+        sections = a.indices_or_sections
+        sections = int(sections) if not hasattr(sections, "__len__") else _ints(sections)
+        return tuple(np.split(args[0], sections, axis=int(a.axis)))
+    if name == "expand_dims":
+        x, axes = args[0], _ints(a.axis)
+        for ax in sorted(v % (x.ndim + len(axes)) for v in axes):
+            x = np.expand_dims(x, ax)
+        return x
+    if name == "squeeze":
+        return np.squeeze(args[0], _axes(a.axis, args[0].ndim))
+    if name == "reshape":
+        return args[0].reshape(_ints(call.args[1]))
+    if name == "permute_dims":
+        return np.transpose(args[0], None if a.axes is None else _ints(a.axes))
+    if name == "broadcast_to":
+        return np.broadcast_to(args[0], _ints(call.args[1]))
+    if name == "flip":
+        return np.flip(args[0], int(a.axis))
+    if name == "matmul":
+        return np.matmul(args[0], args[1])
+    if name == "einsum":
+        return np.einsum(str(a.subscripts), *args[0])
+    if name in ("sum", "mean", "max", "min", "prod"):
+        return _reduce({"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
+                        "prod": np.prod}[name], call, args[0])
+    if name in ("cumsum", "cumprod"):
+        fn = np.cumsum if name == "cumsum" else np.cumprod
+        x = args[0] if a.axis is not None else args[0].reshape(-1)
+        return fn(x, axis=0 if a.axis is None else int(a.axis))
+    if name in ("zeros", "ones"):
+        return np.full(_ints(call.args[0]), 0 if name == "zeros" else 1, _np_dtype(a.dtype))
+    if name in ("zeros_like", "ones_like"):
+        return np.full_like(args[0], 0 if name == "zeros_like" else 1)
+    if name == "full":
+        return np.full(_ints(call.args[0]), args[1], _np_dtype(a.dtype))
+    if name == "full_like":
+        return np.full_like(args[0], args[1])
+    if name == "nn.softmax":
+        x = args[0] - args[0].max(axis=int(a.axis), keepdims=True)
+        e = np.exp(x)
+        return e / e.sum(axis=int(a.axis), keepdims=True)
+    raise Unsupported(f"relax.{name}")
+
+
+OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
+             "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
+             "ones zeros_like ones_like full full_like nn.softmax").split()
+SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
+
+
+def evaluable(value):
+    """Whether the interpreter has a meaning for ``value`` itself (not looking at its inputs)."""
+    if isinstance(value, relax.Call):
+        return op_name(value) in SUPPORTED_OPS or parse_scan(value) is not None
+    return True
+
+
+def _tensor_args(call):
+    """The arguments that carry tensors (shapes, attributes-as-arguments are read by the op)."""
+    name = op_name(call)
+    if name in ("relax.reshape", "relax.broadcast_to", "relax.strided_slice"):
+        return call.args[:1]
+    if name == "relax.clip":
+        return call.args[:1]
+    if name in ("relax.zeros", "relax.ones"):
+        return []
+    if name in ("relax.full", "relax.full_like"):
+        return call.args[:2]
+    return call.args
+
+
+def _scan(spec, ops):
+    if isinstance(spec, AffineScanSpec):
+        a, b = ops[0], ops[1]
+        h0 = ops[2] if spec.has_h0 else None
+        states = reference.affine_scan(np.reshape(a, spec.a_shape), b, h0, spec.axis, spec.reverse)
+        out = {"states": states, "last": reference.last_state(states, spec.axis, spec.reverse)}
+        got = [out[k] for k in spec.outputs]
+    else:
+        names = ["u", "delta", "A", "B", "C"] + [k for k, on in (
+            ("D", spec.has_D), ("z", spec.has_z), ("delta_bias", spec.has_delta_bias),
+            ("h0", spec.has_h0)) if on]
+        kwargs = dict(zip(names, ops))
+        got = reference.selective_scan(delta_softplus=spec.delta_softplus,
+                                       return_last_state=spec.return_last_state, **kwargs)
+        got = list(got) if isinstance(got, tuple) else [got]
+    return got[0] if len(got) == 1 else tuple(got)
+
+
+class Interpreter:
+    """Evaluate expressions of one function lazily: ``value_of`` maps a bound var to its value,
+    ``env`` holds the given inputs (var -> array).  Results are memoized per var."""
+
+    def __init__(self, value_of, missing=None, shared=None, opaque=()):
+        self.value_of, self.memo = value_of, {}
+        self.missing = missing      # var -> value for unbound vars (parameters), else Unsupported
+        self.shared = shared        # var -> value or None: values taken from elsewhere
+        self.opaque = opaque        # vars whose unsupported ops read as ``missing`` (probe inputs)
+        self.evaluated = 0          # bindings evaluated (the validation's cost)
+
+    def __call__(self, expr):
+        stack = [expr]
+        while stack:                 # evaluate dependencies first, without deep recursion
+            e = stack[-1]
+            pending = [d for d in self._deps(e) if d not in self.memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if isinstance(e, relax.Var) and e not in self.memo:
+                value = self.value_of[e]
+                if e in self.opaque and not evaluable(value):
+                    self.memo[e] = self.missing(e)
+                else:
+                    self.memo[e] = self._eval(value)
+                self.evaluated += 1
+        return self._eval(expr) if not isinstance(expr, relax.Var) else self.memo[expr]
+
+    def _deps(self, e):
+        if isinstance(e, relax.Var):
+            if e in self.memo:
+                return []
+            got = self.shared(e) if self.shared is not None else None
+            if got is not None:
+                self.memo[e] = got
+                return []
+            if e not in self.value_of:
+                if self.missing is None:
+                    raise Unsupported(f"no value for {e.name}")
+                self.memo[e] = self.missing(e)
+                return []
+            if e in self.opaque and not evaluable(self.value_of[e]):
+                return []            # read as a probe input when evaluated
+            e = self.value_of[e]
+        found, stack = [], [e]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, relax.Var):
+                found.append(x)
+            elif isinstance(x, relax.Tuple):
+                stack.extend(x.fields)
+            elif isinstance(x, relax.TupleGetItem):
+                stack.append(x.tuple_value)
+            elif isinstance(x, relax.Call):
+                stack.extend(x.args)
+        return found
+
+    def _eval(self, e):
+        if isinstance(e, relax.Var):
+            return self.memo[e]
+        if isinstance(e, tvm.ir.expr.GenericConst):
+            data = e.value.numpy()
+            return data.astype(np.float64) if data.dtype.kind == "f" or str(data.dtype) == "bfloat16" else data
+        if isinstance(e, relax.Tuple):
+            return tuple(self._eval(f) for f in e.fields)
+        if isinstance(e, relax.TupleGetItem):
+            return self._eval(e.tuple_value)[int(e.index)]
+        if isinstance(e, relax.ShapeExpr):
+            return tuple(int(v) for v in e.values)
+        if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+            return np.float64(e.value) if isinstance(e, tvm.tirx.FloatImm) else np.int64(e.value)
+        if isinstance(e, relax.Call):
+            scan = parse_scan(e)
+            if scan is not None:
+                spec, operands = scan
+                return _scan(spec, [self._eval(o) for o in operands])
+            if op_name(e) is None:
+                raise Unsupported(f"call of {e.op}")
+            args = [self._eval(x) for x in _tensor_args(e)]
+            return _apply_call(e, args)
+        raise Unsupported(type(e).__name__)
+
+
+def random_input(ty, rng, scale=1.0):
+    """A probe value for a var of type ``ty``: floats in [0, scale), bools at random, ints 0."""
+    if isinstance(ty, relax.TupleType):
+        return tuple(random_input(f, rng, scale) for f in ty.fields)
+    shape = getattr(getattr(ty, "shape", None), "values", None)
+    dtype = str(getattr(ty, "dtype", ""))
+    if shape is None:
+        raise Unsupported(f"input of type {ty} (no static shape)")
+    shape = tuple(int(v) for v in shape)
+    if dtype in FLOAT_DTYPES:
+        return rng.uniform(0.0, scale, shape)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    return np.zeros(shape, np.dtype(dtype))
