@@ -189,9 +189,9 @@ def _scan_axis(an, exprs, rank):
     after = set()
 
     def visit(expr):
-        if not isinstance(expr, relax.Var):
+        if not isinstance(expr, (relax.Var, relax.Call)):
             return
-        value = an.value.get(expr)
+        value = an.value.get(expr) if isinstance(expr, relax.Var) else expr
         key = an.template(expr).key
         if key[0] == "slice":
             x_shape = tensor_shape(key[1])

@@ -56,7 +56,11 @@ def fuse(mod, cumulative=False):
     exactly as it was."""
     recurrences = find(mod, cumulative)
     while True:
-        new, replaced = rewrite(mod, recurrences)
+        try:
+            new, replaced = rewrite(mod, recurrences)
+        except (tvm.TVMError, ValueError, TypeError, KeyError) as err:
+            _reject_unbuildable(mod, recurrences, err)
+            continue
         failed = False
         for rec in recurrences:
             if rec.rejected or id(rec) not in replaced:
@@ -67,6 +71,24 @@ def fuse(mod, cumulative=False):
                 rec.rejected, rec.reason, failed = True, f"validation failed: {why}", True
         if not failed:
             return new, recurrences
+
+
+def _reject_unbuildable(mod, recurrences, err):
+    """A rewrite raised (TVM refused an op it built): find the chains that cannot be built
+    alone and leave them as they were, saying why."""
+    culprits = []
+    for rec in recurrences:
+        if rec.rejected:
+            continue
+        try:
+            rewrite(mod, [rec])
+        except (tvm.TVMError, ValueError, TypeError, KeyError) as own:
+            culprits.append((rec, own))
+    if not culprits:
+        raise err
+    for rec, own in culprits:
+        first = str(own).strip().splitlines()[-1] if str(own).strip() else type(own).__name__
+        rec.rejected, rec.reason = True, f"its whole-sequence coefficients could not be built: {first}"
 
 
 def analyze(mod, cumulative=False):
@@ -247,16 +269,19 @@ class _Rewriter(relax.PyExprMutator):
         rho = rank - rec.axis
         if t.index is None:                         # loop-invariant (or a constant): a unit L axis
             inv = self.visit_expr(expr)
+            if isinstance(expr, relax.Call):        # a coefficient the affine reading built
+                inv = bb.emit(inv)
             q = len(tensor_shape(inv) or ())
             return bb.emit(relax.op.expand_dims(inv, q - rho)) if q > rho else inv
-        value = an.value[expr]
+        value = an.value[expr] if isinstance(expr, relax.Var) else expr
         if t.key[0] == "slice":
             x, x_axis = self.visit_expr(value.args[0]), int(value.attrs.axis)
             lo, n = min(rec.indices), rec.length
             if (lo, n) != (0, tensor_shape(x)[x_axis]):
                 x = bb.emit(relax.op.strided_slice(x, [x_axis], [lo], [lo + n]))
             return x
-        args = [self._vectorize(rec, arg, rank) for arg in value.args]
+        tensors = (relax.Var, relax.Call, tvm.ir.expr.GenericConst)     # not clip's bounds
+        args = [self._vectorize(rec, arg, rank) if isinstance(arg, tensors) else arg for arg in value.args]
         return bb.emit(relax.Call(value.op, args, value.attrs))
 
 

@@ -11,36 +11,23 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
+
+from .affine import STEP_OPS, Affine, NotAffine, affine_in, candidates
+from .exprs import op_name, tensor_dtype, tensor_shape
 
 # Ops applied elementwise (with broadcasting): a step's coefficient built from these over
 # slices can be computed for all steps at once by applying them to the unsliced tensors.
+FLOATS = ("float16", "bfloat16", "float32")
 ELEMENTWISE = {f"relax.{n}" for n in (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "negative", "exp",
     "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "square", "astype", "clip", "nn.silu",
     "nn.softplus", "log1p", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "sign")}
+# what the affine reading builds coefficients with, besides the elementwise ops
+SYNTHETIC = {"relax.where", "relax.broadcast_to", "relax.ones", "relax.permute_dims", "relax.reshape",
+             "relax.expand_dims", "relax.squeeze"}
 ONE = relax.const(1.0, "float32")
-
-
-def op_name(expr):
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
-
-
-def tensor_shape(expr):
-    """Static shape of a tensor-typed expression, or None."""
-    ty = getattr(expr, "ty", None)
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None:
-        return None
-    try:
-        return tuple(int(v) for v in values)
-    except (TypeError, ValueError):
-        return None
-
-
-def tensor_dtype(expr):
-    return str(getattr(getattr(expr, "ty", None), "dtype", ""))
 
 
 def _const_scalar(expr):
@@ -69,27 +56,33 @@ class Analysis:
         self.value = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
         self._templates = {}
         self._ids, self._keys = {}, []     # hash-consing of template keys: key <-> id
+        self.position = None                # var -> binding index (made on first use)
+        self.not_affine = {}                # step-like var -> (state, NotAffine): why not a step
 
     # -- templates ---------------------------------------------------------------------------
     def template(self, expr):
         if isinstance(expr, relax.Var):
             if expr not in self._templates:
-                self._templates[expr] = self._template_of_var(expr)
+                self._templates[expr] = self._template_of(expr, self.value.get(expr))
             return self._templates[expr]
         if isinstance(expr, tvm.ir.expr.GenericConst):
             # the frontends make a new constant node per use: compare constants by value
             data = expr.value.numpy()
             return Template(("const", data.shape, str(data.dtype), hash(data.tobytes())))
-        return Template(("expr", id(expr)))
+        if isinstance(expr, relax.Call):          # built by the affine reading (affine.py)
+            return self._template_of(None, expr)
+        # other leaves (clip's bounds, shapes, tuples): fresh wrappers per use, so by structure
+        return Template(("expr", tvm_ffi.structural_hash(expr)))
 
-    def _template_of_var(self, var):
-        value = self.value.get(var)
+    def _template_of(self, var, value):
         name = op_name(value)
         if name == "relax.take" and len(value.args) == 2:
             t = _const_scalar(value.args[1])
-            if isinstance(t, int) and tensor_shape(value.args[1]) == ():
-                return Template(("slice", value.args[0], int(value.attrs.axis)), t)
-        if name in ELEMENTWISE:
+            x_shape = tensor_shape(value.args[0])
+            if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
+                axis = int(value.attrs.axis) % len(x_shape)
+                return Template(("slice", value.args[0], axis), t % x_shape[axis])
+        if name in ELEMENTWISE or (var is None and name in SYNTHETIC):
             children = [self.template(a) for a in value.args]
             indices = {c.index for c in children if c.index is not None}
             attrs = str(value.attrs) if value.attrs is not None else ""
@@ -97,7 +90,7 @@ class Analysis:
             if not indices:
                 return Template(key)      # invariant, compared structurally
             return Template(key, indices.pop() if len(indices) == 1 else "mixed")
-        return Template(("var", var))
+        return Template(("var", var if var is not None else id(value)))
 
     def _intern(self, key):
         found = self._ids.get(key)
@@ -128,29 +121,22 @@ class Analysis:
 
     # -- steps -------------------------------------------------------------------------------
     def step_candidates(self, var):
-        """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b``."""
+        """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b`` (``affine.py``)."""
         value = self.value.get(var)
-        if op_name(value) != "relax.add":
+        if op_name(value) not in STEP_OPS or tensor_shape(var) is None or tensor_dtype(var) not in FLOATS:
             return []
-        shape, dtype = tensor_shape(var), tensor_dtype(var)
-
-        def is_state(x):
-            # a variable, or a zero constant (ONNX exports the zero initial state as one)
-            if isinstance(x, tvm.ir.expr.GenericConst):
-                return tuple(x.value.shape) == shape and str(x.value.dtype) == dtype and self.is_zeros(x)
-            return isinstance(x, relax.Var) and tensor_shape(x) == shape and tensor_dtype(x) == dtype
-
+        if self.position is None:
+            self.position = {v: i for i, v in enumerate(self.value)}
         out = []
-        x, y = value.args
-        for term, b in ((x, y), (y, x)):
-            if is_state(term):
-                out.append((term, ONE, b))
-            inner = self.value.get(term) if isinstance(term, relax.Var) else None
-            if op_name(inner) == "relax.multiply":
-                p, q = inner.args
-                for s, a in ((p, q), (q, p)):
-                    if is_state(s):
-                        out.append((s, a, b))
+        for p in candidates(self.value, self.position, var):
+            if isinstance(p, tvm.ir.expr.GenericConst) and not self.is_zeros(p):
+                continue
+            r = affine_in(self.value, self.position, var, p)
+            if isinstance(r, Affine):
+                b = r.off if r.off is not None else relax.const(0.0, tensor_dtype(var))
+                out.append((p, ONE if r.coef is None else r.coef, b))
+            elif isinstance(r, NotAffine):
+                self.not_affine.setdefault(var, (p, r))
         return out
 
     def is_zeros(self, var):

@@ -1,0 +1,24 @@
+"""Small readers of Relax expressions shared by the analyses."""
+import tvm
+from tvm import relax
+
+
+def op_name(expr):
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
+def tensor_shape(expr):
+    """Static shape of a tensor-typed expression, or None."""
+    ty = getattr(expr, "ty", None)
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None:
+        return None
+    try:
+        return tuple(int(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+
+
+def tensor_dtype(expr):
+    return str(getattr(getattr(expr, "ty", None), "dtype", ""))
