@@ -37,6 +37,11 @@ class NotAffine:
 
 
 FREE = object()             # state-free: the expression itself stands for its value
+READ_BUDGET = 64            # bindings one reading may visit between a state and its step
+
+
+class _TooFar(Exception):
+    """The reading left the neighbourhood of one step."""
 
 
 def _mul(x, y):
@@ -83,6 +88,7 @@ class _Reader:
         self.value_of, self.position, self.p = value_of, position, p
         self.start = position.get(p, -1) if isinstance(p, relax.Var) else -1
         self.memo = {}
+        self.budget = READ_BUDGET
 
     def read(self, e):
         if e.same_as(self.p):
@@ -92,6 +98,9 @@ class _Reader:
         if self.position.get(e, -1) <= self.start:
             return FREE
         if e not in self.memo:
+            self.budget -= 1
+            if self.budget < 0:          # a step is a few bindings: this is not one
+                raise _TooFar()
             self.memo[e] = FREE          # cycle guard (none in SSA; keeps it total)
             self.memo[e] = self._read_var(e)
         return self.memo[e]
@@ -230,7 +239,10 @@ STEP_OPS = frozenset(("relax.add", "relax.subtract", "relax.where", "relax.astyp
 def affine_in(value_of, position, v, p):
     """``Affine`` (with ``layout`` None: the state as it is) or ``NotAffine`` for ``v`` read as a
     function of ``p``; ``FREE`` when ``v`` does not depend on ``p``."""
-    r = _Reader(value_of, position, p).read(v)
+    try:
+        r = _Reader(value_of, position, p).read(v)
+    except _TooFar:
+        return NotAffine("(too far from the state for one step)", v)
     if isinstance(r, Affine) and r.layout is not None:
         identity = np.arange(r.layout.size).reshape(r.layout.shape)
         if r.layout.shape != tuple(tensor_shape(v) or ()) or not np.array_equal(r.layout, identity):
@@ -239,13 +251,13 @@ def affine_in(value_of, position, v, p):
     return r
 
 
-def candidates(value_of, position, v, limit=48):
-    """States ``v`` may be a step from: vars (or zero-like constants) of ``v``'s type reached
-    from it backwards through the ops the reading is closed under; a bounded walk."""
+def candidates(value_of, v, limit=24, most=6):
+    """States ``v`` may be a step from, nearest first: vars (or constants) of ``v``'s type
+    reached from it backwards through the ops the reading is closed under; a bounded walk."""
     shape, dtype = tensor_shape(v), tensor_dtype(v)
-    found, stack, seen = [], [v], set()
-    while stack and len(seen) < limit:
-        e = stack.pop()
+    found, queue, seen = [], [v], {v}
+    while queue and len(seen) < limit and len(found) < most:
+        e = queue.pop(0)
         value = value_of.get(e) if isinstance(e, relax.Var) else None
         if value is None or op_name(value) not in _RULES:
             continue
@@ -259,5 +271,5 @@ def candidates(value_of, position, v, limit=48):
             seen.add(a)
             if tensor_shape(a) == shape and tensor_dtype(a) == dtype:
                 found.append(a)
-            stack.append(a)
+            queue.append(a)
     return found

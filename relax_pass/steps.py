@@ -128,7 +128,7 @@ class Analysis:
         if self.position is None:
             self.position = {v: i for i, v in enumerate(self.value)}
         out = []
-        for p in candidates(self.value, self.position, var):
+        for p in candidates(self.value, var):
             if isinstance(p, tvm.ir.expr.GenericConst) and not self.is_zeros(p):
                 continue
             r = affine_in(self.value, self.position, var, p)
