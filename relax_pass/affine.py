@@ -251,7 +251,7 @@ def affine_in(value_of, position, v, p):
     return r
 
 
-def candidates(value_of, v, limit=24, most=6):
+def candidates(value_of, v, limit=48, most=16):
     """States ``v`` may be a step from, nearest first: vars (or constants) of ``v``'s type
     reached from it backwards through the ops the reading is closed under; a bounded walk."""
     shape, dtype = tensor_shape(v), tensor_dtype(v)

@@ -35,6 +35,10 @@ class Recurrence:
     reason: str = ""
     validation_s: float = None      # time spent validating the rewrite (None: not validated)
 
+    def bindings_vars(self):
+        """The step vars of an accepted chain (not an ``h_0 = b_0`` state put in front)."""
+        return self.states[len(self.states) - len(self.bindings):]
+
     def __repr__(self):
         span = self.bindings[0] if len(self.bindings) == 1 else f"{self.bindings[0]}..{self.bindings[-1]}"
         what = f"rejected: {self.reason}" if self.rejected else (
@@ -77,7 +81,7 @@ def find_chains(function_name, bindings):
                 link[v] = reading
                 taken.add(p)
                 break
-    found = []
+    found, near = [], {}
     linked_to = {r[0]: v for v, r in link.items()}
     for v in order:
         if v in link or v not in cands:
@@ -96,9 +100,34 @@ def find_chains(function_name, bindings):
             found.append(_chain(function_name, an, steps, readings))
         else:
             reason = _near_miss(an, cands, v)
-            if reason:
-                found.append(_rejected(function_name, [v], reason))
-    return found
+            if reason:       # one report per loop: its steps share the reading's templates
+                near.setdefault(keys(cands[v][0]), (reason, []))[1].append(v)
+    found += [_rejected(function_name, steps, reason + (f" (and {len(steps) - 1} more steps like it)"
+                                                        if len(steps) > 1 else ""))
+              for reason, steps in near.values()]
+    return _drop_inner_chains(an, found)
+
+
+def _drop_inner_chains(an, found):
+    """``h = a*h + b + c`` has two chains: the steps, and the partial sums ``a*h + b`` inside
+    them (affine too, in each other).  Keep the outer one: drop a chain whose every state is a
+    term of another chain's steps (two bindings deep)."""
+    accepted = [r for r in found if not r.rejected and r.states]
+
+    def terms(rec):
+        out = set()
+        for s in rec.states:
+            for x in an.value.get(s).args if isinstance(an.value.get(s), relax.Call) else ():
+                out.add(x)
+                inner = an.value.get(x) if isinstance(x, relax.Var) else None
+                if isinstance(inner, relax.Call):
+                    out.update(inner.args)
+        return out
+
+    covered = {id(r): terms(r) for r in accepted}
+    inner = {id(x) for x in accepted for y in accepted
+             if x is not y and all(s in covered[id(y)] for s in x.bindings_vars())}
+    return [r for r in found if id(r) not in inner]
 
 
 def _index(reading):

@@ -166,6 +166,32 @@ class _Plan:
         return int(concat.attrs.axis) % (rank + (expand is not None)), expand, increasing
 
 
+def gathered(bb, states, axis, rank, cat_axis, expand, increasing, shape):
+    """What ``concat([expand_dims(h_t, expand) ...], cat_axis)`` computed, from the scan's
+    stacked ``states`` (L at ``axis``): concatenating the pieces along ``cat_axis`` is
+    stacking them there and merging L with the next dim (a reshape)."""
+    if not increasing:
+        states = bb.emit(relax.op.flip(states, axis))
+    if expand == cat_axis:                                             # a plain torch.stack
+        perm = [i for i in range(rank + 1) if i != axis]
+        perm.insert(cat_axis, axis)
+        return states if perm == list(range(rank + 1)) else bb.emit(relax.op.permute_dims(states, perm))
+    perm = [i for i in range(rank + 1) if i != axis] + [axis]        # L last
+    if perm != list(range(rank + 1)):
+        states = bb.emit(relax.op.permute_dims(states, perm))
+    piece_rank = rank
+    if expand is not None:                                             # the pieces' unit dim
+        states = bb.emit(relax.op.expand_dims(states, [expand]))
+        piece_rank += 1
+    perm = list(range(piece_rank))
+    perm.insert(cat_axis, piece_rank)                                  # L stacked at cat_axis
+    if perm != list(range(piece_rank + 1)):
+        states = bb.emit(relax.op.permute_dims(states, perm))
+    if tensor_shape(states) != shape:
+        states = bb.emit(relax.op.reshape(states, shape))
+    return states
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod, plans):
@@ -217,34 +243,9 @@ class _Rewriter(relax.PyExprMutator):
                 pos = relax.const(plan.position[s], "int64")
                 self._replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
         for c, (cat_axis, expand, increasing) in plan.concats.items():
-            self._replace(c, self._gathered(outs["states"], axis, rank, cat_axis, expand, increasing,
-                                            tensor_shape(c)))
+            self._replace(c, gathered(self.builder_, outs["states"], axis, rank, cat_axis, expand,
+                                      increasing, tensor_shape(c)))
 
-    def _gathered(self, states, axis, rank, cat_axis, expand, increasing, shape):
-        """What ``concat([expand_dims(h_t, expand) ...], cat_axis)`` computed, from the scan's
-        stacked ``states`` (L at ``axis``): concatenating the pieces along ``cat_axis`` is
-        stacking them there and merging L with the next dim (a reshape)."""
-        bb = self.builder_
-        if not increasing:
-            states = bb.emit(relax.op.flip(states, axis))
-        if expand == cat_axis:                                             # a plain torch.stack
-            perm = [i for i in range(rank + 1) if i != axis]
-            perm.insert(cat_axis, axis)
-            return states if perm == list(range(rank + 1)) else bb.emit(relax.op.permute_dims(states, perm))
-        perm = [i for i in range(rank + 1) if i != axis] + [axis]        # L last
-        if perm != list(range(rank + 1)):
-            states = bb.emit(relax.op.permute_dims(states, perm))
-        piece_rank = rank
-        if expand is not None:                                             # the pieces' unit dim
-            states = bb.emit(relax.op.expand_dims(states, [expand]))
-            piece_rank += 1
-        perm = list(range(piece_rank))
-        perm.insert(cat_axis, piece_rank)                                  # L stacked at cat_axis
-        if perm != list(range(piece_rank + 1)):
-            states = bb.emit(relax.op.permute_dims(states, perm))
-        if tensor_shape(states) != shape:
-            states = bb.emit(relax.op.reshape(states, shape))
-        return states
 
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective

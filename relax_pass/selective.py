@@ -50,7 +50,10 @@ def _computes(value_of, expr, operands, equation):
     values = [o.value.numpy().astype(np.float64) if isinstance(o, tvm.ir.GenericConst)
               else rng.standard_normal(tensor_shape(o)) for o in operands]
     got = evaluate(value_of, expr, {o: v for o, v in zip(operands, values) if isinstance(o, relax.Var)})
-    want = np.einsum(equation, *values)
+    try:
+        want = np.einsum(equation, *values)
+    except ValueError:          # operands of other shapes than the equation's: not this form
+        return False
     return got is not None and got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=0)
 
 
@@ -212,7 +215,8 @@ def _match_readout(rec, value_of, users, operands):
             c_base = c
             hv, cv = rng.standard_normal(rec.state_shape), rng.standard_normal((batch, dstate))
             got = evaluate(value_of, y, {h: hv, c_slice: cv})
-            if got is None or not np.allclose(got, np.einsum("bdn,bn->bd", hv, cv)):
+            want = np.einsum("bdn,bn->bd", hv, cv)
+            if got is None or got.shape != want.shape or not np.allclose(got, want):
                 break
             readouts |= bindings
         else:

@@ -23,7 +23,9 @@ FLOATS = ("float16", "bfloat16", "float32")
 ELEMENTWISE = {f"relax.{n}" for n in (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "negative", "exp",
     "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "square", "astype", "clip", "nn.silu",
-    "nn.softplus", "log1p", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "sign")}
+    "nn.softplus", "log1p", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "sign",
+    "where", "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "logical_and",
+    "logical_or", "logical_not", "nn.relu", "nn.gelu")}
 # what the affine reading builds coefficients with, besides the elementwise ops
 SYNTHETIC = {"relax.where", "relax.broadcast_to", "relax.ones", "relax.permute_dims", "relax.reshape",
              "relax.expand_dims", "relax.squeeze"}

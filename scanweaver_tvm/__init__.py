@@ -14,6 +14,29 @@ _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", 
 __all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API, "tune"]
 
 
+def _register_pipeline():
+    """``tvm.compile(mod, target, relax_pipeline="scanweaver")`` right after ``import
+    scanweaver_tvm``: the target comes from the surrounding ``with target:`` that
+    ``tvm.compile`` sets up; the passes are imported when the pipeline is built."""
+    import tvm
+    from tvm import relax
+
+    @relax.register_pipeline("scanweaver")
+    def _scanweaver(realization="tir"):
+        from . import api
+
+        @tvm.transform.module_pass(opt_level=0, name="scanweaver.pipeline")
+        def _apply(mod, _ctx):
+            target = tvm.target.Target.current()
+            return tvm.transform.Sequential([api.pipeline(target, realization),
+                                             api._default_pipeline(target)])(mod)  # noqa: SLF001
+
+        return _apply
+
+
+_register_pipeline()
+
+
 def __getattr__(name):
     if name in _API:
         from . import api

@@ -91,16 +91,3 @@ def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001
     target = _target(target)
     seq = tvm.transform.Sequential([pipeline(target, realization, database), _default_pipeline(target)])
     return tvm.compile(mod, target=target, relax_pipeline=seq)
-
-
-@relax.register_pipeline("scanweaver")
-def _registered_pipeline(realization="tir"):
-    """``tvm.compile(mod, target, relax_pipeline="scanweaver")``: the target comes from the
-    surrounding ``with target:`` that ``tvm.compile`` sets up."""
-
-    @tvm.transform.module_pass(opt_level=0, name="scanweaver.pipeline")
-    def _apply(mod, _ctx):
-        target = tvm.target.Target.current()
-        return tvm.transform.Sequential([pipeline(target, realization), _default_pipeline(target)])(mod)
-
-    return _apply
