@@ -19,7 +19,6 @@ from .exprs import op_name, tensor_dtype, tensor_shape
 
 # Ops applied elementwise (with broadcasting): a step's coefficient built from these over
 # slices can be computed for all steps at once by applying them to the unsliced tensors.
-FLOATS = ("float16", "bfloat16", "float32")
 ELEMENTWISE = {f"relax.{n}" for n in (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "negative", "exp",
     "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "square", "astype", "clip", "nn.silu",
@@ -125,7 +124,7 @@ class Analysis:
     def step_candidates(self, var):
         """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b`` (``affine.py``)."""
         value = self.value.get(var)
-        if op_name(value) not in STEP_OPS or tensor_shape(var) is None or tensor_dtype(var) not in FLOATS:
+        if op_name(value) not in STEP_OPS or tensor_shape(var) is None:
             return []
         if self.position is None:
             self.position = {v: i for i, v in enumerate(self.value)}
