@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .lift import Lifter, NotLiftable, dims_after_time
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
 
 MIN_STEPS = 2
@@ -194,7 +195,7 @@ def _chain(function_name, an, steps, readings):
         initial = None
     if a0 is not ONE and tensor_dtype(a0) not in ("", dtype):
         return _rejected(function_name, steps, f"coefficient dtype {tensor_dtype(a0)} differs from the state's {dtype}")
-    axis = _scan_axis(an, (a0, b0), len(shape))
+    axis = _scan_axis(an, a0, b0, len(shape), (min(indices), len(states)))
     if isinstance(axis, str):
         return _rejected(function_name, steps, axis)
     return Recurrence(function_name, "affine", len(states), axis, direction < 0, shape, dtype, tuple(names),
@@ -212,33 +213,25 @@ def _drop_zero_term(an, var):
     return var
 
 
-def _scan_axis(an, exprs, rank):
-    """The L axis of the stacked tensors: every slice must have the same number of dims after
-    its sliced axis (then the unsliced tensors line up when broadcast); else a reason."""
-    after = set()
-
-    def visit(expr):
-        if not isinstance(expr, (relax.Var, relax.Call)):
-            return
-        value = an.value.get(expr) if isinstance(expr, relax.Var) else expr
-        key = an.template(expr).key
-        if key[0] == "slice":
-            x_shape = tensor_shape(key[1])
-            if x_shape is None:
-                after.add("symbolic")
-            else:
-                after.add(len(x_shape) - 1 - key[2])
-        elif key[0] == "op" and an.template(expr).index is not None:
-            for arg in value.args:
-                visit(arg)
-
-    for e in exprs:
-        visit(e)
-    if "symbolic" in after:
-        return "a sliced tensor has a symbolic shape"
-    if len(after) != 1:
-        return f"slices are taken along axes that do not line up ({sorted(after)} dims after the axis)"
-    rho = after.pop()
+def _scan_axis(an, a, b, rank, window):
+    """The L axis of the stacked tensors: where the lifted ``b`` (else ``a``) has time, counted
+    from the end, so the big operand needs no transpose; else a reason.  Lifted on a scratch
+    builder here, for real (the same way) when the rewrite emits it."""
+    bb = relax.BlockBuilder()
+    bb._begin_dataflow_block()  # pylint: disable=protected-access  # a scratch scope to normalize in
+    lifter = Lifter(an, window, bb.emit)
+    try:
+        lifted = [lifter.lift(x) for x in (b, a) if x is not ONE]
+    except NotLiftable as err:
+        return f"a coefficient uses {err}, which does not commute with slicing along time"
+    except (tvm.TVMError, ValueError, TypeError) as err:
+        return f"its whole-sequence coefficients could not be built: {str(err).strip().splitlines()[-1]}"
+    finally:
+        bb._end_block()  # pylint: disable=protected-access
+    e, tax = next((x for x in lifted if x[1] is not None), (None, None))
+    if e is None:
+        return "no per-step input"
+    rho = dims_after_time(e, tax)
     if rho > rank:
         return "a slice has more dims after its axis than the state has"
     return rank - rho

@@ -16,6 +16,7 @@ from tvm import relax
 from scanweaver_tvm.spec import SUPPORTED_DTYPES, AffineScanSpec
 
 from .chains import find_chains
+from .lift import Lifter
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
@@ -221,10 +222,11 @@ class _Rewriter(relax.PyExprMutator):
         rec, bb = plan.rec, self.builder_
         rank, axis = len(rec.state_shape), rec.axis
         full_shape = rec.state_shape[:axis] + (rec.length,) + rec.state_shape[axis:]
-        a = self._vectorize(rec, rec.a, rank)
+        lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, self.visit_expr)
+        a = self._vectorize(lifter, rec.a, rank - axis)
         if a is ONE:
             a = relax.const(np.ones((1,) * (rank + 1), dtype=rec.dtype), rec.dtype)
-        b = self._vectorize(rec, rec.b, rank)
+        b = self._vectorize(lifter, rec.b, rank - axis)
         if tensor_shape(b) != full_shape:
             b = bb.emit(relax.op.broadcast_to(b, full_shape))
         outputs = tuple(k for k, need in (("states", plan.need_states), ("last", plan.need_last)) if need)
@@ -261,29 +263,15 @@ class _Rewriter(relax.PyExprMutator):
         self.dropped.add(var)
         self._current.append((var, new))
 
-    def _vectorize(self, rec, expr, rank):
-        """The whole-sequence tensor of a step coefficient (see module docstring)."""
+    def _vectorize(self, lifter, expr, rho):
+        """The whole-sequence tensor of a step coefficient, time ``rho`` dims from the end."""
         if expr is ONE:
             return expr
-        an, bb = rec.analysis, self.builder_
-        t = an.template(expr)
-        rho = rank - rec.axis
-        if t.index is None:                         # loop-invariant (or a constant): a unit L axis
-            inv = self.visit_expr(expr)
-            if isinstance(expr, relax.Call):        # a coefficient the affine reading built
-                inv = bb.emit(inv)
-            q = len(tensor_shape(inv) or ())
-            return bb.emit(relax.op.expand_dims(inv, q - rho)) if q > rho else inv
-        value = an.value[expr] if isinstance(expr, relax.Var) else expr
-        if t.key[0] == "slice":
-            x, x_axis = self.visit_expr(value.args[0]), int(value.attrs.axis)
-            lo, n = min(rec.indices), rec.length
-            if (lo, n) != (0, tensor_shape(x)[x_axis]):
-                x = bb.emit(relax.op.strided_slice(x, [x_axis], [lo], [lo + n]))
-            return x
-        tensors = (relax.Var, relax.Call, tvm.ir.expr.GenericConst)     # not clip's bounds
-        args = [self._vectorize(rec, arg, rank) if isinstance(arg, tensors) else arg for arg in value.args]
-        return bb.emit(relax.Call(value.op, args, value.attrs))
+        e, tax = lifter.lift(expr)
+        if tax is None:                          # loop-invariant (or a constant): a unit L axis
+            q = len(tensor_shape(e) or ())
+            return self.builder_.emit(relax.op.expand_dims(e, q - rho)) if q > rho else e
+        return lifter.align(e, tax, rho)
 
 
 def rewrite(mod, recurrences):

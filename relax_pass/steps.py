@@ -16,6 +16,7 @@ from tvm import relax
 
 from .affine import STEP_OPS, Affine, NotAffine, affine_in, candidates
 from .exprs import op_name, tensor_dtype, tensor_shape
+from .lift import FEATURE_OPS as LIFTABLE
 
 # Ops applied elementwise (with broadcasting): a step's coefficient built from these over
 # slices can be computed for all steps at once by applying them to the unsliced tensors.
@@ -29,6 +30,44 @@ ELEMENTWISE = {f"relax.{n}" for n in (
 SYNTHETIC = {"relax.where", "relax.broadcast_to", "relax.ones", "relax.permute_dims", "relax.reshape",
              "relax.expand_dims", "relax.squeeze"}
 ONE = relax.const(1.0, "float32")
+
+
+def _step_slice(value_of, value):
+    """``(key, t)`` when ``value`` takes time index ``t`` of a tensor along one axis: ``take`` at a
+    constant, ``strided_slice`` ``[t:t+1]`` or a piece of an even ``split`` into unit sections."""
+    name = op_name(value)
+    if name == "relax.take" and len(value.args) == 2:
+        t = _const_scalar(value.args[1])
+        x_shape = tensor_shape(value.args[0])
+        if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
+            axis = int(value.attrs.axis) % len(x_shape)
+            return ("slice", value.args[0], axis), t % x_shape[axis]
+    if name == "relax.strided_slice":
+        x_shape = tensor_shape(value.args[0])
+        axes, begin, end = (_int_list(a) for a in value.args[1:4])
+        strides = _int_list(value.args[4]) if len(value.args) > 4 else [1]
+        if x_shape is None or None in (axes, begin, end, strides) or len(axes) != 1 or strides != [1]:
+            return None
+        axis = axes[0] % len(x_shape)
+        lo, hi = begin[0] % x_shape[axis], end[0] if end[0] >= 0 else end[0] + x_shape[axis]
+        if hi - lo == 1 and x_shape[axis] > 1:
+            return ("slice", value.args[0], axis, "keep"), lo
+    if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+        split = value_of.get(value.tuple_value)
+        if op_name(split) == "relax.split":
+            x_shape = tensor_shape(split.args[0])
+            sections = split.attrs.indices_or_sections
+            axis = int(split.attrs.axis) % len(x_shape) if x_shape else 0
+            if x_shape and not hasattr(sections, "__len__") and int(sections) == x_shape[axis] > 1:
+                return ("slice", split.args[0], axis, "keep"), int(value.index)
+    return None
+
+
+def _int_list(x):
+    try:
+        return [int(getattr(v, "value", v)) for v in getattr(x, "fields", x)]
+    except (TypeError, ValueError):
+        return None
 
 
 def _const_scalar(expr):
@@ -77,13 +116,11 @@ class Analysis:
 
     def _template_of(self, var, value):
         name = op_name(value)
-        if name == "relax.take" and len(value.args) == 2:
-            t = _const_scalar(value.args[1])
-            x_shape = tensor_shape(value.args[0])
-            if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
-                axis = int(value.attrs.axis) % len(x_shape)
-                return Template(("slice", value.args[0], axis), t % x_shape[axis])
-        if name in ELEMENTWISE or (var is None and name in SYNTHETIC):
+        step = _step_slice(self.value, value)
+        if step is not None:                  # X's slice at one time index: ("slice", X, axis[, keep])
+            key, t = step
+            return Template(key, t)
+        if name in ELEMENTWISE or name in LIFTABLE or (var is None and name in SYNTHETIC):
             children = [self.template(a) for a in value.args]
             indices = {c.index for c in children if c.index is not None}
             attrs = str(value.attrs) if value.attrs is not None else ""
@@ -91,7 +128,7 @@ class Analysis:
             if not indices:
                 return Template(key)      # invariant, compared structurally
             return Template(key, indices.pop() if len(indices) == 1 else "mixed")
-        return Template(("var", var if var is not None else id(value)))
+        return Template(("var", var if var is not None else value))
 
     def _intern(self, key):
         found = self._ids.get(key)

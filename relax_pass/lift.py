@@ -1,0 +1,207 @@
+"""Lift a per-step coefficient to the whole sequence: one op on all steps at once.
+
+A chain's ``a_t``/``b_t`` are expressions of per-step slices (``take(X, t, k)``, ``X[:, t:t+1]``
+as ``strided_slice`` or a ``split`` piece) and loop-invariant values.  ``Lifter.lift`` rebuilds
+such an expression on the unsliced tensors and returns ``(E, tax)``: ``E`` holds every step's
+value, with time on axis ``tax`` (``None`` for an invariant), i.e. ``take(E, t, tax)`` is step
+t's value.  Elementwise ops line the time axes of their operands up (an invariant operand that
+would reach the time axis gets a unit dim there); layout ops, reductions, ``matmul`` (a Linear
+layer per step), ``einsum``, softmax and norms over feature dims move time to the front and act
+on the per-step dims.  Any other op raises ``NotLiftable`` naming it.
+"""
+import tvm
+from tvm import relax
+
+from .exprs import op_name, tensor_shape
+
+
+class NotLiftable(Exception):
+    """The coefficient uses an op that does not commute with slicing along time."""
+
+
+REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod")
+FEATURE_OPS = ("relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.reshape",
+               "relax.broadcast_to", "relax.matmul", "relax.einsum", "relax.nn.softmax",
+               "relax.nn.layer_norm", "relax.nn.rms_norm", *REDUCTIONS)
+
+
+def _norm(axis, rank):
+    return int(axis) % rank
+
+
+class Lifter:
+    """``emit`` normalizes (and, in a rewrite, binds) each built op; ``leaf`` maps an original
+    invariant expression to what the lifted code reads; ``window`` is ``(lo, n)``, the steps
+    the chain covers."""
+
+    def __init__(self, analysis, window, emit, leaf=lambda e: e):
+        self.an, self.window, self.emit, self.leaf = analysis, window, emit, leaf
+        self.memo = {}
+
+    def lift(self, expr):
+        key = expr        # by handle (a Python wrapper is made anew per access: never id())
+        if key not in self.memo:
+            self.memo[key] = self._lift(expr)
+        return self.memo[key]
+
+    # -- leaves ------------------------------------------------------------------------------
+    def _lift(self, expr):
+        t = self.an.template(expr)
+        if t.index is None:
+            inv = self.leaf(expr)
+            if isinstance(expr, relax.Call):     # a coefficient the affine reading built
+                inv = self.emit(inv)
+            return inv, None
+        if t.key[0] == "slice":
+            return self._slice(t.key[1], t.key[2], len(t.key) > 3)
+        value = self.an.value[expr] if isinstance(expr, relax.Var) else expr
+        name = op_name(value)
+        if name in FEATURE_OPS:
+            return self._feature_op(value, name)
+        if name is None:
+            raise NotLiftable(type(value).__name__)
+        return self._elementwise(value)
+
+    def _slice(self, x, axis, keep):
+        x = self.leaf(x)
+        lo, n = self.window
+        if (lo, n) != (0, tensor_shape(x)[axis]):
+            x = self.emit(relax.op.strided_slice(x, [axis], [lo], [lo + n]))
+        if keep:                                 # X[:, t:t+1]: the step keeps a unit dim
+            x = self.emit(relax.op.expand_dims(x, [axis + 1]))
+        return x, axis
+
+    # -- ops ---------------------------------------------------------------------------------
+    def _elementwise(self, value):
+        tensors = (relax.Var, relax.Call, tvm.ir.expr.GenericConst)
+        lifted = [self.lift(a) if isinstance(a, tensors) else None for a in value.args]
+        varying = [(e, tax) for e, tax in (x for x in lifted if x is not None) if tax is not None]
+        # dims after time (rho) must agree; per-step rank q = rank - 1
+        ranks = [len(tensor_shape(e)) - 1 for e, _ in varying]
+        rhos = [len(tensor_shape(e)) - 1 - tax for e, tax in varying]
+        rho = max(rhos, key=rhos.count) if len(set(rhos)) == 1 else min(min(ranks), max(rhos))
+        args = []
+        for arg, got in zip(value.args, lifted):
+            if got is None:
+                args.append(arg)
+                continue
+            e, tax = got
+            if tax is None:
+                q = len(tensor_shape(e) or ())
+                args.append(self.emit(relax.op.expand_dims(e, [q - rho])) if q > rho else e)
+            else:
+                args.append(self.align(e, tax, rho))
+        out = self.emit(relax.Call(value.op, args, value.attrs))
+        return out, len(tensor_shape(out)) - 1 - rho
+
+    def _time_first(self, e, tax):
+        if tax == 0:
+            return e
+        perm = [tax] + [i for i in range(len(tensor_shape(e))) if i != tax]
+        return self.emit(relax.op.permute_dims(e, perm))
+
+    def _feature_op(self, value, name):  # pylint: disable=too-many-return-statements
+        a = value.attrs
+        if name == "relax.einsum":
+            return self._einsum(value)
+        if name == "relax.matmul":
+            return self._matmul(value)
+        x, tax = self.lift(value.args[0])
+        if tax is None:
+            raise NotLiftable(name)              # (only its invariant operands vary? not here)
+        x = self._time_first(x, tax)
+        q = len(tensor_shape(x)) - 1
+        emit = self.emit
+        if name == "relax.permute_dims":
+            axes = list(range(q)) if a.axes is None else [_norm(v, q) for v in a.axes]
+            return emit(relax.op.permute_dims(x, [0] + [v + 1 for v in axes])), 0
+        if name == "relax.expand_dims":
+            out_rank = q + len(a.axis)
+            return emit(relax.op.expand_dims(x, [_norm(v, out_rank) + 1 for v in a.axis])), 0
+        if name == "relax.squeeze":
+            axes = None if a.axis is None else [_norm(v, q) + 1 for v in a.axis]
+            if axes is None:
+                axes = [i + 1 for i, n in enumerate(tensor_shape(x)[1:]) if n == 1]
+            return emit(relax.op.squeeze(x, axes)), 0
+        if name == "relax.reshape":
+            shape = [int(v) for v in value.args[1].values]
+            return emit(relax.op.reshape(x, [tensor_shape(x)[0]] + shape)), 0
+        if name == "relax.broadcast_to":
+            shape = [int(v) for v in value.args[1].values]
+            x = self._pad(x, len(shape) - q)
+            return emit(relax.op.broadcast_to(x, [tensor_shape(x)[0]] + shape)), 0
+        if name in REDUCTIONS:
+            axes = list(range(q)) if a.axis is None else [_norm(v, q) for v in a.axis]
+            call = getattr(relax.op, name.split(".")[-1])
+            return emit(call(x, [v + 1 for v in axes], bool(a.keepdims))), 0
+        if name == "relax.nn.softmax":
+            return emit(relax.op.nn.softmax(x, _norm(a.axis, q) + 1)), 0
+        rest = [self._invariant(v, name) for v in value.args[1:]]
+        axes = [_norm(v, q) + 1 for v in a.axes]
+        if name == "relax.nn.layer_norm":
+            return emit(relax.op.nn.layer_norm(x, *rest, axes, float(a.epsilon), bool(a.center),
+                                               bool(a.scale))), 0
+        return emit(relax.op.nn.rms_norm(x, *rest, axes, float(a.epsilon))), 0
+
+    def _invariant(self, expr, name):
+        e, tax = self.lift(expr)
+        if tax is not None:
+            raise NotLiftable(f"{name} with a per-step weight")
+        return e
+
+    def _pad(self, x, count):
+        """``count`` unit dims right after time (a per-step value given leading unit dims)."""
+        if count <= 0:
+            return x
+        shape = tensor_shape(x)
+        return self.emit(relax.op.reshape(x, [shape[0]] + [1] * count + list(shape[1:])))
+
+    def _matmul(self, value):
+        (x, tx), (y, ty) = self.lift(value.args[0]), self.lift(value.args[1])
+        qx = len(tensor_shape(x)) - (tx is not None)
+        qy = len(tensor_shape(y)) - (ty is not None)
+        if tx is not None and ty is None and (qy <= qx if qx >= 2 else qy <= 2):
+            return self.emit(relax.op.matmul(self._time_first(x, tx), y)), 0
+        if tx is None and ty is not None and qy >= 2 and qx <= qy:
+            return self.emit(relax.op.matmul(x, self._time_first(y, ty))), 0
+        if tx is not None and ty is not None and qx == qy and qx >= 2:
+            return self.emit(relax.op.matmul(self._time_first(x, tx), self._time_first(y, ty))), 0
+        raise NotLiftable("relax.matmul (time would meet a contracted or broadcast dim)")
+
+    def _einsum(self, value):
+        subscripts = str(value.attrs.subscripts)
+        if "..." in subscripts or "->" not in subscripts:
+            raise NotLiftable("relax.einsum (implicit output or ellipsis)")
+        ins, out = subscripts.split("->")
+        letters = set(subscripts)
+        fresh = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in letters)
+        operands, specs = [], []
+        for spec, arg in zip(ins.split(","), value.args[0].fields):
+            e, tax = self.lift(arg)
+            if tax is None:
+                operands.append(e)
+                specs.append(spec)
+            else:
+                operands.append(self._time_first(e, tax))
+                specs.append(fresh + spec)
+        return self.emit(relax.op.einsum(operands, ",".join(specs) + "->" + fresh + out)), 0
+
+    # -- the scan's layout ------------------------------------------------------------------
+    def align(self, e, tax, rho):
+        """``e`` with time ``rho`` dims from the end (leading unit dims added if needed)."""
+        rank = len(tensor_shape(e))
+        if rank - 1 < rho:
+            shape = tensor_shape(e)
+            e = self.emit(relax.op.reshape(e, [1] * (rho - rank + 1) + list(shape)))
+            tax += rho - rank + 1
+            rank = rho + 1
+        target = rank - 1 - rho
+        if tax == target:
+            return e
+        perm = [i for i in range(rank) if i != tax]
+        perm.insert(target, tax)
+        return self.emit(relax.op.permute_dims(e, perm))
+
+
+def dims_after_time(e, tax):
+    return len(tensor_shape(e)) - 1 - tax
