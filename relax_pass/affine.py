@@ -233,7 +233,8 @@ _RULES = {"relax.add": _r_add, "relax.subtract": _r_sub, "relax.multiply": _r_mu
 
 CLOSED_OPS = frozenset(_RULES)
 # ops a step can end with (a product alone, ``a*h``, is a part of a step, not one)
-STEP_OPS = frozenset(("relax.add", "relax.subtract", "relax.where", "relax.astype", *LAYOUT_OPS))
+STEP_OPS = frozenset(("relax.add", "relax.subtract", "relax.where", "relax.astype", "relax.negative",
+                      *LAYOUT_OPS))
 
 
 def affine_in(value_of, position, v, p):

@@ -22,7 +22,7 @@ class NotLiftable(Exception):
 REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod")
 FEATURE_OPS = ("relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.reshape",
                "relax.broadcast_to", "relax.matmul", "relax.einsum", "relax.nn.softmax",
-               "relax.nn.layer_norm", "relax.nn.rms_norm", *REDUCTIONS)
+               "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.take", *REDUCTIONS)
 
 
 def _norm(axis, rank):
@@ -134,6 +134,13 @@ class Lifter:
             axes = list(range(q)) if a.axis is None else [_norm(v, q) for v in a.axis]
             call = getattr(relax.op, name.split(".")[-1])
             return emit(call(x, [v + 1 for v in axes], bool(a.keepdims))), 0
+        if name == "relax.take":            # x[:, 0] of a unit dim: a squeeze
+            axis = _norm(a.axis, q)
+            index = getattr(value.args[1], "value", None)
+            if index is None or index.numpy().size != 1 or int(index.numpy()) != 0 or \
+                    tensor_shape(x)[axis + 1] != 1 or tensor_shape(value.args[1]) != ():
+                raise NotLiftable("relax.take (of a per-step value)")
+            return emit(relax.op.squeeze(x, [axis + 1])), 0
         if name == "relax.nn.softmax":
             return emit(relax.op.nn.softmax(x, _norm(a.axis, q) + 1)), 0
         rest = [self._invariant(v, name) for v in value.args[1:]]

@@ -41,7 +41,8 @@ def _step_slice(value_of, value):
         x_shape = tensor_shape(value.args[0])
         if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
             axis = int(value.attrs.axis) % len(x_shape)
-            return ("slice", value.args[0], axis), t % x_shape[axis]
+            if x_shape[axis] > 1:              # (``[:, 0]`` of a unit dim is a squeeze)
+                return ("slice", value.args[0], axis), t % x_shape[axis]
     if name == "relax.strided_slice":
         x_shape = tensor_shape(value.args[0])
         axes, begin, end = (_int_list(a) for a in value.args[1:4])
@@ -58,7 +59,9 @@ def _step_slice(value_of, value):
             x_shape = tensor_shape(split.args[0])
             sections = split.attrs.indices_or_sections
             axis = int(split.attrs.axis) % len(x_shape) if x_shape else 0
-            if x_shape and not hasattr(sections, "__len__") and int(sections) == x_shape[axis] > 1:
+            unit = (int(sections) == x_shape[axis] if not hasattr(sections, "__len__") else
+                    [int(v) for v in sections] == list(range(1, x_shape[axis]))) if x_shape else False
+            if unit and x_shape[axis] > 1:
                 return ("slice", split.args[0], axis, "keep"), int(value.index)
     return None
 

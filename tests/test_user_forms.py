@@ -47,6 +47,9 @@ FORMS = {
     "(1 - z)*h + z*x": (lambda h, a, b: (1 - a) * h + a * b, None),
     "h - a*h + b": (lambda h, a, b: h - a * h + b, None),
     "divide": (lambda h, a, b: h / (1.0 + a) + b, None),
+    "transposed state": (lambda h, a, b: (a.transpose(0, 1) * h.transpose(0, 1) + b.transpose(0, 1)).transpose(0, 1), None),
+    "expand_dims coefficient": (lambda h, a, b: (h.unsqueeze(-1) * a.unsqueeze(-1) + b[..., None]).squeeze(-1), None),
+    "negated": (lambda h, a, b: -(-a * h - b), None),
     "cast inside": (lambda h, a, b: (a.double() * h.double() + b.double()).float(), None),
 }
 
@@ -194,3 +197,45 @@ def test_probe_interpreter_agrees_with_tvm():
     values = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
     interp = Interpreter(values, missing=lambda v: data.astype(np.float64))
     np.testing.assert_allclose(interp(func.body.body), want, rtol=1e-5)
+
+
+class _Styles(torch.nn.Module):
+    """The same recurrence over time written with each way of taking a step's slice."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.gate = torch.nn.Linear(D, D)
+
+    def slices(self, x):
+        n = x.shape[1]
+        if self.style == "unbind":
+            return x.unbind(1)
+        if self.style == "split":
+            return [s.squeeze(1) for s in x.split(1, dim=1)]
+        if self.style == "chunk":
+            return [s[:, 0] for s in x.chunk(n, 1)]
+        if self.style == "narrow":
+            return [x[:, t:t + 1].squeeze(1) for t in range(n)]
+        return [x[:, t] for t in range(n)]
+
+    def forward(self, x):
+        h, hs = torch.zeros_like(x[:, 0]), []
+        for x_t in self.slices(x):
+            z = torch.sigmoid(self.gate(x_t)) if self.style == "linear gate" else torch.sigmoid(x_t)
+            h = z * h + (1 - z) * x_t
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+@pytest.mark.parametrize("style", ["index", "unbind", "split", "chunk", "narrow", "linear gate"])
+def test_loop_styles(style):
+    model = _Styles(style).eval()
+    args = (torch.randn(B, L, D, generator=torch.Generator().manual_seed(3)),)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod)
+    assert len(found) == 1 and found[0].length == L, sw.find_recurrences(mod, include_rejected=True)
+    fused = sw.FuseAffineRecurrences()(mod)
+    assert "relax.take" not in fused.script() and "strided_slice" not in fused.script() or style in (
+        "narrow",), fused.script()[-3000:]
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
