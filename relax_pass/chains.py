@@ -58,6 +58,7 @@ class Recurrence:
     analysis: object = field(default=None, repr=False)
     selective: object = field(default=None, repr=False)          # SelectiveMatch when form == "selective"
     facts: object = field(default=None, repr=False)              # (users, value) of the function
+    internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
 
 
 def find_chains(function_name, bindings):
@@ -199,7 +200,34 @@ def _chain(function_name, an, steps, readings):
     if isinstance(axis, str):
         return _rejected(function_name, steps, axis)
     return Recurrence(function_name, "affine", len(states), axis, direction < 0, shape, dtype, tuple(names),
-                      states=states, initial=initial, a=a0, b=b0, indices=tuple(indices), analysis=an)
+                      states=states, initial=initial, a=a0, b=b0, indices=tuple(indices), analysis=an,
+                      internal=_inside_steps(an, states))
+
+
+def _inside_steps(an, states):
+    """Every binding on a path from one state to the next (the steps themselves included):
+    a use of a state there is the recurrence's own, not the rest of the graph's."""
+    if an.position is None:
+        an.position = {v: i for i, v in enumerate(an.value)}
+    inside = set()
+    for prev, step in zip(states, states[1:]):
+        start, memo = an.position.get(prev, -1), {}
+
+        def reaches(v):                           # does v depend on prev (within this step)?
+            if v.same_as(prev):
+                return True
+            if not isinstance(v, relax.Var) or an.position.get(v, -1) <= start:
+                return False
+            if v not in memo:
+                memo[v] = False
+                value = an.value.get(v)
+                hits = [reaches(a) for a in relax.analysis.free_vars(value)] if value is not None else []
+                memo[v] = any(hits)           # (every operand visited: all of them are inside)
+            return memo[v]
+
+        reaches(step)
+        inside.update(v for v, hit in memo.items() if hit)
+    return frozenset(inside)
 
 
 def _drop_zero_term(an, var):

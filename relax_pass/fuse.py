@@ -117,10 +117,7 @@ class _Plan:
         states = rec.states
         first = min(rec.indices)
         self.position = {s: i - first for s, i in zip(states, rec.indices)}
-        internal = set()
-        for step in states[1:]:
-            for arg in value[step].args:        # the term holding the previous state
-                internal.add(arg)
+        internal = rec.internal
         self.concats = {}                       # concat var -> (axis, expanded, increasing)
         for v, val in value.items():
             if op_name(val) == "relax.concat":

@@ -222,7 +222,7 @@ def _match_readout(rec, value_of, users, operands):
         else:
             if tensor_shape(c_base) != (batch, dstate, rec.length):
                 continue
-            internal = readouts | {u for s in rec.states[1:] for u in value_of[s].args}
+            internal = readouts | rec.internal
             stray = [s for s in rec.states[:-1] if any(u not in internal for u in users.get(s, []))]
             if stray:
                 return f"state {stray[0].name} is used outside the readout"

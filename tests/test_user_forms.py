@@ -239,3 +239,15 @@ def test_loop_styles(style):
     assert "relax.take" not in fused.script() and "strided_slice" not in fused.script() or style in (
         "narrow",), fused.script()[-3000:]
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+@pytest.mark.parametrize("form", ["h + x", "a*h + b", "lerp"])
+def test_only_the_last_state_used_writes_only_the_last_state(form):
+    """Issue case 4: a running sum whose only use is its final value must not write all states."""
+    step = {"h + x": lambda h, a, b: h + b, "a*h + b": lambda h, a, b: a * h + b,
+            "lerp": lambda h, a, b: torch.lerp(h, b, a)}[form]
+    model, args = _loop(step, stack=lambda hs: hs[-1] * 1.0), _args()
+    mod = sw.from_torch(model, args)
+    fused = sw.FuseAffineRecurrences()(mod)
+    assert '\\"outputs\\": [\\"last\\"]' in fused.script(), fused.script()[-1500:]
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
