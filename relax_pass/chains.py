@@ -252,7 +252,7 @@ def _scan_axis(an, a, b, rank, window):
         lifted = [lifter.lift(x) for x in (b, a) if x is not ONE]
     except NotLiftable as err:
         return f"a coefficient uses {err}, which does not commute with slicing along time"
-    except (tvm.TVMError, ValueError, TypeError) as err:
+    except (RuntimeError, ValueError, TypeError) as err:
         return f"its whole-sequence coefficients could not be built: {str(err).strip().splitlines()[-1]}"
     finally:
         bb._end_block()  # pylint: disable=protected-access

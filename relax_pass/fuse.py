@@ -59,7 +59,7 @@ def fuse(mod, cumulative=False):
     while True:
         try:
             new, replaced = rewrite(mod, recurrences)
-        except (tvm.TVMError, ValueError, TypeError, KeyError) as err:
+        except (RuntimeError, ValueError, TypeError, KeyError) as err:
             _reject_unbuildable(mod, recurrences, err)
             continue
         failed = False
@@ -83,7 +83,7 @@ def _reject_unbuildable(mod, recurrences, err):
             continue
         try:
             rewrite(mod, [rec])
-        except (tvm.TVMError, ValueError, TypeError, KeyError) as own:
+        except (RuntimeError, ValueError, TypeError, KeyError) as own:
             culprits.append((rec, own))
     if not culprits:
         raise err

@@ -24,6 +24,7 @@ matcher can see and evaluate it; it legalizes to the same TE kernel).
 import contextlib
 import io
 import sys
+import warnings
 from collections import namedtuple
 from pathlib import Path
 
@@ -61,7 +62,7 @@ _Aff = namedtuple("_Aff", "a b")
 def from_onnx(model):
     """Load ``model`` (path or ``onnx.ModelProto``), convert it with TVM's relax frontend plus
     the ``Scan``/``Loop`` converters here, fold constants; return the IRModule."""
-    model = _fold_static_shapes(_load(model))
+    model = _name_unnamed(_fold_static_shapes(_load(model)))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     captured, ours = io.StringIO(), False
     try:
@@ -73,7 +74,32 @@ def from_onnx(model):
     finally:
         if not ours:
             sys.stdout.write(captured.getvalue())
-    return relax.transform.FoldConstant()(mod)
+    return _fold_constants(mod)
+
+
+def _fold_constants(mod):
+    """FoldConstant, except where TVM 0.27's own pass fails (legalizing an op whose input shape is
+    unknown: "emit_te now only supports Tensor that has ShapeExpr shape") or breaks the module:
+    with a run-time-bounded ``Slice`` it leaves a ``call_tir`` to a ``shape_func`` it removed ("There is no definition of
+    I.GlobalVar("shape_func")"); then the unfolded module is returned (it compiles; per-step
+    Gathers stay unfolded, so their recurrences may not be found) and a warning says so."""
+    try:
+        folded = relax.transform.FoldConstant()(mod)
+    except (RuntimeError, AssertionError) as err:   # legalizing an op of unknown shape
+        warnings.warn(f"relax.transform.FoldConstant failed ({str(err).strip().splitlines()[-1]}); "
+                      "the model is imported without folding", stacklevel=3)
+        return mod
+    defined = {g.name_hint for g in folded.get_global_vars()}
+    missing = set()
+    for _, func in folded.functions_items():
+        if isinstance(func, relax.Function):
+            missing |= {g.name_hint for g in relax.analysis.all_global_vars(func)} - defined
+    if not missing:
+        return folded
+    warnings.warn(f"relax.transform.FoldConstant left calls to {sorted(missing)} that it removed "
+                  "(TVM 0.27, run-time Slice bounds); the model is imported without folding",
+                  stacklevel=3)
+    return mod
 
 
 def _load(model):
@@ -118,6 +144,20 @@ def _check_inputs(graph, source):
                   "tensor; TVM's Relax has no such dtype")
 
 
+def _name_unnamed(model):
+    """Unnamed Scan/Loop nodes get a name that identifies them in our messages: their index in
+    the graph and first output (``Scan node '#3 (output y)'``, not ``Scan node ''``)."""
+    unnamed = [i for i, n in enumerate(model.graph.node) if n.op_type in _CONVERTERS and not n.name]
+    if not unnamed:
+        return model
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    for i in unnamed:
+        node = named.graph.node[i]
+        node.name = f"#{i} (output {node.output[0]})" if node.output else f"#{i}"
+    return named
+
+
 def _fold_static_shapes(model):
     """``model`` with every ``Shape``/``Size`` node whose input has a fully static shape
     replaced by a ``Constant`` node holding that shape (or element count); same output names.
@@ -139,7 +179,11 @@ def _fold_static_shapes(model):
     """
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # pylint: disable=broad-except  # inference is an optimization only
+    except Exception as err:  # pylint: disable=broad-except  # inference is an optimization only
+        warnings.warn(f"ONNX shape inference failed ({type(err).__name__}: "
+                      f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); Shape "
+                      "nodes are left to TVM, so shapes computed from them may turn symbolic",
+                      stacklevel=3)
         return model
     graph = inferred.graph
     static = {init.name: tuple(init.dims) for init in graph.initializer}
