@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -169,25 +168,9 @@ def _recurrence_line(rec):
             f"{rec.dtype}  in {rec.function} ({len(rec.bindings)} step bindings {_span(rec.bindings)})")
 
 
-def _reason_key(rec):
-    """Near misses that differ only in binding names group together (L steps of a tanh RNN
-    are one finding, not L)."""
-    return rec.function, rec.form, re.sub(r"\b[A-Za-z_]\w*\d\w*\b", "#", rec.reason)
-
-
 def _near_miss_lines(rejected):
-    groups = {}
-    for rec in rejected:
-        groups.setdefault(_reason_key(rec), []).append(rec)
-    lines = []
-    for recs in groups.values():
-        first = recs[0]
-        line = f"{first.form:<9} in {first.function} ({_span(first.bindings)}): {first.reason}"
-        if len(recs) > 1:
-            names = [r.bindings[0] for r in recs[1:]]
-            line += f"  [+{len(recs) - 1} more steps like it: {_span(names)}]"
-        lines.append(line)
-    return lines
+    """One line per finding (the pass already reports a loop's lone steps as one)."""
+    return [f"{r.form:<9} in {r.function} ({_span(r.bindings)}): {r.reason}" for r in rejected]
 
 
 def _existing_scans(mod):

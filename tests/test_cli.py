@@ -120,7 +120,7 @@ def test_report_near_miss_from_a_file(capsys, tiny):
     assert "0 recurrences to scan, 1 near miss" in out
     (line,) = [line for line in out.splitlines() if "left as is" in line]
     assert "relax.tanh" in line and "not affine in h" in line
-    assert "+3 more steps like it" in line                 # L-1 lone steps, one finding
+    assert "and 3 more steps like it" in line              # L-1 lone steps, one finding
 
 
 def test_report_onnx_scan(capsys, tmp_path):
