@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .exprs import op_name, tensor_dtype, tensor_shape
+from .exprs import VarMap, call_args, op_name, tensor_dtype, tensor_shape
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 LAYOUT_OPS = ("relax.permute_dims", "relax.reshape", "relax.expand_dims", "relax.squeeze")
@@ -87,7 +87,7 @@ class _Reader:
     def __init__(self, value_of, position, p):
         self.value_of, self.position, self.p = value_of, position, p
         self.start = position.get(p, -1) if isinstance(p, relax.Var) else -1
-        self.memo = {}
+        self.memo = VarMap()
         self.budget = READ_BUDGET
 
     def read(self, e):
@@ -112,7 +112,7 @@ class _Reader:
                 inner = self.read(value.tuple_value)
                 return FREE if inner is FREE else NotAffine("TupleGetItem", var)
             return FREE
-        args = list(value.args)
+        args = list(call_args(value))
         reads = [self.read(a) if isinstance(a, (relax.Var, relax.Call)) or a.same_as(self.p) else FREE
                  for a in args]
         if all(r is FREE for r in reads):
@@ -262,7 +262,7 @@ def candidates(value_of, v, limit=48, most=16):
         value = value_of.get(e) if isinstance(e, relax.Var) else None
         if value is None or op_name(value) not in _RULES:
             continue
-        for a in value.args:
+        for a in call_args(value):
             if isinstance(a, tvm.ir.expr.GenericConst):
                 if tuple(a.value.shape) == shape and str(a.value.dtype) == dtype:
                     found.append(a)

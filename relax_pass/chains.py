@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 
 from .lift import Lifter, NotLiftable, dims_after_time
+from .exprs import VarMap
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
 
 MIN_STEPS = 2
@@ -59,6 +60,7 @@ class Recurrence:
     selective: object = field(default=None, repr=False)          # SelectiveMatch when form == "selective"
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
+    lone: bool = field(default=False, repr=False)               # a near miss of lone steps
 
 
 def find_chains(function_name, bindings):
@@ -104,9 +106,18 @@ def find_chains(function_name, bindings):
             reason = _near_miss(an, cands, v)
             if reason:       # one report per loop: its steps share the reading's templates
                 near.setdefault(keys(cands[v][0]), (reason, []))[1].append(v)
-    found += [_rejected(function_name, steps, reason + (f" (and {len(steps) - 1} more steps like it)"
-                                                        if len(steps) > 1 else ""))
-              for reason, steps in near.values()]
+    for v in order:          # steps that read their state in a way that is not affine
+        if v in cands or v not in an.not_affine:
+            continue
+        p, why = an.not_affine[v]
+        if isinstance(p, relax.Var) and (p in an.not_affine or p in cands):
+            reason = (f"step {v.name}: the state {p.name} goes through {why.op} "
+                      f"({why.var.name}): not affine in h")
+            near.setdefault(("not affine", why.op, tensor_shape(v)), (reason, []))[1].append(v)
+    for reason, steps in near.values():
+        more = f" (and {len(steps) - 1} more steps like it)" if len(steps) > 1 else ""
+        found.append(_rejected(function_name, steps, reason + more))
+        found[-1].lone = True
     return _drop_inner_chains(an, found)
 
 
@@ -114,7 +125,8 @@ def _drop_inner_chains(an, found):
     """``h = a*h + b + c`` has two chains: the steps, and the partial sums ``a*h + b`` inside
     them (affine too, in each other).  Keep the outer one: drop a chain whose every state is a
     term of another chain's steps (two bindings deep)."""
-    accepted = [r for r in found if not r.rejected and r.states]
+    accepted = [r for r in found if r.states]         # a rejected outer chain covers too
+    coverers = [r for r in accepted if not r.lone]
 
     def terms(rec):
         out = set()
@@ -126,8 +138,8 @@ def _drop_inner_chains(an, found):
                     out.update(inner.args)
         return out
 
-    covered = {id(r): terms(r) for r in accepted}
-    inner = {id(x) for x in accepted for y in accepted
+    covered = {id(r): terms(r) for r in coverers}
+    inner = {id(x) for x in accepted for y in coverers
              if x is not y and all(s in covered[id(y)] for s in x.bindings_vars())}
     return [r for r in found if id(r) not in inner]
 
@@ -164,7 +176,7 @@ def _near_miss(an, cands, v):
 def _rejected(function_name, steps, reason):
     v = steps[0]
     return Recurrence(function_name, "affine", len(steps), -1, False, tensor_shape(v), tensor_dtype(v),
-                      tuple(s.name for s in steps), rejected=True, reason=reason)
+                      tuple(s.name for s in steps), rejected=True, reason=reason, states=list(steps))
 
 
 def _chain(function_name, an, steps, readings):
@@ -208,10 +220,10 @@ def _inside_steps(an, states):
     """Every binding on a path from one state to the next (the steps themselves included):
     a use of a state there is the recurrence's own, not the rest of the graph's."""
     if an.position is None:
-        an.position = {v: i for i, v in enumerate(an.value)}
+        an.position = VarMap((v, i) for i, v in enumerate(an.value))
     inside = set()
     for prev, step in zip(states, states[1:]):
-        start, memo = an.position.get(prev, -1), {}
+        start, memo = an.position.get(prev, -1), VarMap()
 
         def reaches(v):                           # does v depend on prev (within this step)?
             if v.same_as(prev):
@@ -259,7 +271,9 @@ def _scan_axis(an, a, b, rank, window):
     e, tax = next((x for x in lifted if x[1] is not None), (None, None))
     if e is None:
         return "no per-step input"
-    rho = dims_after_time(e, tax)
+    # where the sliced tensors have time (no transposes of the big operands), if it fits
+    natural = [r for r in lifter.slice_rhos if r <= rank]
+    rho = natural[0] if natural else dims_after_time(e, tax)
     if rho > rank:
         return "a slice has more dims after its axis than the state has"
     return rank - rho

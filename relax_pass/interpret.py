@@ -12,8 +12,8 @@ from tvm import relax
 from scanweaver_tvm import reference
 from scanweaver_tvm.spec import AffineScanSpec
 
+from .exprs import call_args, op_name
 from .scan_op import parse_scan
-from .steps import op_name
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -165,22 +165,21 @@ SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 def evaluable(value):
     """Whether the interpreter has a meaning for ``value`` itself (not looking at its inputs)."""
     if isinstance(value, relax.Call):
-        return op_name(value) in SUPPORTED_OPS or parse_scan(value) is not None
+        name = op_name(value)
+        return name in SUPPORTED_OPS or (name == "relax.call_pure_packed" and parse_scan(value) is not None)
     return True
 
 
 def _tensor_args(call):
     """The arguments that carry tensors (shapes, attributes-as-arguments are read by the op)."""
-    name = op_name(call)
-    if name in ("relax.reshape", "relax.broadcast_to", "relax.strided_slice"):
-        return call.args[:1]
-    if name == "relax.clip":
-        return call.args[:1]
+    name, args = op_name(call), call_args(call)
+    if name in ("relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip"):
+        return args[:1]
     if name in ("relax.zeros", "relax.ones"):
-        return []
+        return ()
     if name in ("relax.full", "relax.full_like"):
-        return call.args[:2]
-    return call.args
+        return args[:2]
+    return args
 
 
 def _scan(spec, ops):
@@ -256,7 +255,7 @@ class Interpreter:
             elif isinstance(x, relax.TupleGetItem):
                 stack.append(x.tuple_value)
             elif isinstance(x, relax.Call):
-                stack.extend(x.args)
+                stack.extend(call_args(x))
         return found
 
     def _eval(self, e):
@@ -274,7 +273,7 @@ class Interpreter:
         if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
             return np.float64(e.value) if isinstance(e, tvm.tirx.FloatImm) else np.int64(e.value)
         if isinstance(e, relax.Call):
-            scan = parse_scan(e)
+            scan = parse_scan(e) if op_name(e) == "relax.call_pure_packed" else None
             if scan is not None:
                 spec, operands = scan
                 return _scan(spec, [self._eval(o) for o in operands])

@@ -12,7 +12,7 @@ on the per-step dims.  Any other op raises ``NotLiftable`` naming it.
 import tvm
 from tvm import relax
 
-from .exprs import op_name, tensor_shape
+from .exprs import VarMap, op_name, tensor_shape
 
 
 class NotLiftable(Exception):
@@ -36,7 +36,8 @@ class Lifter:
 
     def __init__(self, analysis, window, emit, leaf=lambda e: e):
         self.an, self.window, self.emit, self.leaf = analysis, window, emit, leaf
-        self.memo = {}
+        self.memo = VarMap()
+        self.slice_rhos = []    # dims after time in each sliced tensor, in the order lifted
 
     def lift(self, expr):
         key = expr        # by handle (a Python wrapper is made anew per access: never id())
@@ -53,7 +54,7 @@ class Lifter:
                 inv = self.emit(inv)
             return inv, None
         if t.key[0] == "slice":
-            return self._slice(t.key[1], t.key[2], len(t.key) > 3)
+            return self._slice(t.key[1].node, t.key[2], len(t.key) > 3)
         value = self.an.value[expr] if isinstance(expr, relax.Var) else expr
         name = op_name(value)
         if name in FEATURE_OPS:
@@ -63,6 +64,7 @@ class Lifter:
         return self._elementwise(value)
 
     def _slice(self, x, axis, keep):
+        self.slice_rhos.append(len(tensor_shape(x)) - 1 - axis)
         x = self.leaf(x)
         lo, n = self.window
         if (lo, n) != (0, tensor_shape(x)[axis]):

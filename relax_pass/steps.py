@@ -15,7 +15,7 @@ import tvm_ffi
 from tvm import relax
 
 from .affine import STEP_OPS, Affine, NotAffine, affine_in, candidates
-from .exprs import op_name, tensor_dtype, tensor_shape
+from .exprs import VarMap, call_args, op_name, tensor_dtype, tensor_shape
 from .lift import FEATURE_OPS as LIFTABLE
 
 # Ops applied elementwise (with broadcasting): a step's coefficient built from these over
@@ -42,7 +42,7 @@ def _step_slice(value_of, value):
         if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
             axis = int(value.attrs.axis) % len(x_shape)
             if x_shape[axis] > 1:              # (``[:, 0]`` of a unit dim is a squeeze)
-                return ("slice", value.args[0], axis), t % x_shape[axis]
+                return ("slice", Ref(value.args[0]), axis), t % x_shape[axis]
     if name == "relax.strided_slice":
         x_shape = tensor_shape(value.args[0])
         axes, begin, end = (_int_list(a) for a in value.args[1:4])
@@ -52,7 +52,7 @@ def _step_slice(value_of, value):
         axis = axes[0] % len(x_shape)
         lo, hi = begin[0] % x_shape[axis], end[0] if end[0] >= 0 else end[0] + x_shape[axis]
         if hi - lo == 1 and x_shape[axis] > 1:
-            return ("slice", value.args[0], axis, "keep"), lo
+            return ("slice", Ref(value.args[0]), axis, "keep"), lo
     if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
         split = value_of.get(value.tuple_value)
         if op_name(split) == "relax.split":
@@ -62,8 +62,25 @@ def _step_slice(value_of, value):
             unit = (int(sections) == x_shape[axis] if not hasattr(sections, "__len__") else
                     [int(v) for v in sections] == list(range(1, x_shape[axis]))) if x_shape else False
             if unit and x_shape[axis] > 1:
-                return ("slice", split.args[0], axis, "keep"), int(value.index)
+                return ("slice", Ref(split.args[0]), axis, "keep"), int(value.index)
     return None
+
+
+WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def _widened_and_back(cast):
+    """``x`` when ``cast`` is ``astype(... astype(x, wider) ..., dtype of x)`` through float
+    types at least as wide as x's (which changes no value), else None."""
+    target = str(cast.attrs.dtype)
+    x, widths = cast.args[0], []
+    while isinstance(x, relax.Call) and op_name(x) == "relax.astype":
+        widths.append(WIDTH.get(str(x.attrs.dtype), 0))
+        x = x.args[0]
+    dtype = tensor_dtype(x)
+    if dtype != target or dtype not in WIDTH or not widths or min(widths) < WIDTH[dtype]:
+        return None
+    return x
 
 
 def _int_list(x):
@@ -81,6 +98,22 @@ def _const_scalar(expr):
     return None
 
 
+class Ref:
+    """A node inside a template key, compared by handle: a plain Relax object would be
+    compared with TVM's ``__eq__`` (an FFI type read) on every dict lookup of a key."""
+
+    __slots__ = ("node", "_handle")
+
+    def __init__(self, node):
+        self.node, self._handle = node, hash(node)
+
+    def __hash__(self):
+        return self._handle
+
+    def __eq__(self, other):
+        return isinstance(other, Ref) and other._handle == self._handle
+
+
 @dataclass(frozen=True)
 class Template:
     """A coefficient's structure: ``key`` (hashable, equal across steps) and the step index
@@ -96,42 +129,52 @@ class Analysis:
     """Templates and step candidates over one function's bindings."""
 
     def __init__(self, bindings):
-        self.value = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
-        self._templates = {}
+        self.value = VarMap((b.var, b.value) for b in bindings if isinstance(b, relax.VarBinding))
+        self._templates = VarMap()
         self._ids, self._keys = {}, []     # hash-consing of template keys: key <-> id
         self.position = None                # var -> binding index (made on first use)
         self.not_affine = {}                # step-like var -> (state, NotAffine): why not a step
 
     # -- templates ---------------------------------------------------------------------------
     def template(self, expr):
+        if isinstance(expr, (relax.Var, relax.Call, tvm.ir.expr.GenericConst)):
+            got = self._templates.get(expr)
+            if got is None:
+                got = self._templates[expr] = self._template_of_node(expr)
+            return got
+        # other leaves (clip's bounds, shapes, tuples): fresh wrappers per use, so by structure
+        return Template(("expr", tvm_ffi.structural_hash(expr)))
+
+    def _template_of_node(self, expr):
         if isinstance(expr, relax.Var):
-            if expr not in self._templates:
-                self._templates[expr] = self._template_of(expr, self.value.get(expr))
-            return self._templates[expr]
+            return self._template_of(expr, self.value.get(expr))
         if isinstance(expr, tvm.ir.expr.GenericConst):
             # the frontends make a new constant node per use: compare constants by value
             data = expr.value.numpy()
             return Template(("const", data.shape, str(data.dtype), hash(data.tobytes())))
-        if isinstance(expr, relax.Call):          # built by the affine reading (affine.py)
-            return self._template_of(None, expr)
+        return self._template_of(None, expr)      # a Call the affine reading built (affine.py)
         # other leaves (clip's bounds, shapes, tuples): fresh wrappers per use, so by structure
         return Template(("expr", tvm_ffi.structural_hash(expr)))
 
     def _template_of(self, var, value):
         name = op_name(value)
+        if name == "relax.astype":
+            inner = _widened_and_back(value)
+            if inner is not None:              # x.double().float(): x itself, exactly
+                return self.template(inner)
         step = _step_slice(self.value, value)
         if step is not None:                  # X's slice at one time index: ("slice", X, axis[, keep])
             key, t = step
             return Template(key, t)
         if name in ELEMENTWISE or name in LIFTABLE or (var is None and name in SYNTHETIC):
-            children = [self.template(a) for a in value.args]
+            children = [self.template(a) for a in call_args(value)]
             indices = {c.index for c in children if c.index is not None}
             attrs = str(value.attrs) if value.attrs is not None else ""
             key = ("op", name, attrs, tuple(self._intern(c.key) for c in children))
             if not indices:
                 return Template(key)      # invariant, compared structurally
             return Template(key, indices.pop() if len(indices) == 1 else "mixed")
-        return Template(("var", var if var is not None else value))
+        return Template(("var", Ref(var if var is not None else value)))
 
     def _intern(self, key):
         found = self._ids.get(key)
@@ -156,7 +199,7 @@ class Analysis:
                     stack.extend(self._keys[i] for i in fresh)
                 else:
                     stack.extend(k)
-            elif k is var or (isinstance(k, relax.Var) and k.same_as(var)):
+            elif isinstance(k, Ref) and k.node.same_as(var):
                 return True
         return False
 
@@ -167,7 +210,7 @@ class Analysis:
         if op_name(value) not in STEP_OPS or tensor_shape(var) is None:
             return []
         if self.position is None:
-            self.position = {v: i for i, v in enumerate(self.value)}
+            self.position = VarMap((v, i) for i, v in enumerate(self.value))
         out = []
         for p in candidates(self.value, var):
             if isinstance(p, tvm.ir.expr.GenericConst) and not self.is_zeros(p):

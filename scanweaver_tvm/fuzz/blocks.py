@@ -32,6 +32,7 @@ class Source:
     rejected: list = field(default_factory=list)
     tags: set = field(default_factory=set)
     counter: int = 0
+    last_step: str = ""
 
     def name(self, stem):
         self.counter += 1
@@ -52,9 +53,13 @@ class Source:
 
 
 def slice_at(tensor, axis, index, rank, style):
-    """``tensor`` at time ``index`` along ``axis`` (two spellings; both export to one take)."""
+    """``tensor`` at time ``index`` along ``axis``, spelled as users do (negative dims too)."""
     if style == "select":
         return f"{tensor}.select({axis}, {index})"
+    if style == "select_neg":
+        return f"{tensor}.select({axis - rank}, {index})"
+    if style == "narrow":
+        return f"{tensor}.narrow({axis}, {index}, 1).squeeze({axis})"
     if style == "ellipsis" and axis == rank - 1:
         return f"{tensor}[..., {index}]"
     return f"{tensor}[{', '.join([':'] * axis + [str(index)])}]"
@@ -107,11 +112,38 @@ def _b_expr(src, rng, kind, x, xshape, state, sl, a):
     return lambda t: sl(x, t)
 
 
-def _step(rng, a, b, t):
-    if a is None:
-        return rng.choice(["h + {B}", "{B} + h"]).format(B=b(t))
-    form = rng.choice(["{A} * h + {B}", "{B} + h * {A}", "h * {A} + {B}", "{B} + {A} * h"])
-    return form.format(A=a(t), B=b(t))
+# the same affine step in the spellings people use (each one a * h + b for some a, b)
+STEP_FORMS = {"a*h+b": "{A} * h + {B}", "b+h*a": "{B} + h * {A}", "h*a+b": "h * {A} + {B}",
+              "b+a*h": "{B} + {A} * h", "sum3": "{A} * h + {B} + 0.25",
+              "clamp": "torch.clamp({A}, -0.99, 0.99) * h + {B}", "lerp": "torch.lerp(h, {B}, {A})",
+              "h+a*(b-h)": "h + {A} * ({B} - h)", "convex": "(1 - {A}) * h + {A} * {B}",
+              "negated": "-(-{A} * h - {B})", "minus": "h * {A} - (-{B})",
+              "cast": "({A} * h.double() + {B}).to(h.dtype)"}
+# forms whose offset is b itself, so that h_0 = b_0 reads as a step from zero (other forms
+# compute the same b in another way; the pass may then keep h_0 as the initial state: L - 1)
+PLAIN_STEPS = ("a*h+b", "b+h*a", "h*a+b", "b+a*h", "clamp", "h+b", "b+h")
+SUM_FORMS = {"h+b": "h + {B}", "b+h": "{B} + h", "sum3": "h + {B} + 0.125",
+             "cast": "({B} + h).to(h.dtype)"}
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _step(rng, a, b, t, src=None):
+    forms = SUM_FORMS if a is None else STEP_FORMS
+    names = sorted(forms)
+    if a is not None and _is_number(a(t)):
+        names.remove("clamp")                  # torch.clamp takes a tensor
+    name = rng.choice(names)
+    if src is not None:
+        src.tags.add(f"step:{name}")
+        src.last_step = name
+    return forms[name].format(A=None if a is None else a(t), B=b(t))
 
 
 def affine(src, rng, x, xshape, near_miss=None):
@@ -125,7 +157,7 @@ def affine(src, rng, x, xshape, near_miss=None):
     length = xshape[axis]
     state = xshape[:axis] + xshape[axis + 1:]
     reverse = rng.random() < 0.4
-    style = rng.choice(["select", "index", "ellipsis"])
+    style = rng.choice(["select", "index", "ellipsis", "select_neg", "narrow"])
     sl = lambda tensor, t: slice_at(tensor, axis, t, rank, style)  # noqa: E731
     a_kind = rng.choice(PER_STEP_A + INVARIANT_A)
     if near_miss == "mixed" and a_kind not in PER_STEP_A:
@@ -137,7 +169,7 @@ def affine(src, rng, x, xshape, near_miss=None):
     a = _a_expr(src, rng, a_kind, xshape, state, sl)
     b = _b_expr(src, rng, b_kind, x, xshape, state, sl, a)
     times = list(range(length))[::-1] if reverse else list(range(length))
-    src.tags.update({f"a:{a_kind}", f"b:{b_kind}", f"init:{init}", f"out:{out}", f"axis:{axis}",
+    src.tags.update({f"a:{a_kind}", f"b:{b_kind}", f"init:{init}", f"out:{out}", f"axis:{axis}", f"slice:{style}",
                      "reverse" if reverse else "forward", f"near:{near_miss}" if near_miss else "affine"})
     src.line(f"# {'near miss ' + near_miss if near_miss else 'recurrence'}: L={length} axis={axis} "
              f"{'reverse' if reverse else 'forward'} a={a_kind} b={b_kind} init={init} out={out}")
@@ -171,12 +203,13 @@ def affine(src, rng, x, xshape, near_miss=None):
         elif near_miss == "hcoef":
             src.line(f"h = 0.5 * torch.sigmoid(h) * h + {b('t')}", 1)
         else:
-            src.line(f"h = {_step(rng, a, b, 't')}", 1)
+            src.line(f"h = {_step(rng, a, b, 't', src)}", 1)
         if extra_at is not None:
             src.line(f"if t == {times[extra_at]}:", 1)
             src.line(f"h = h + 0.25 * torch.sin({sl(x, 't')})", 2)
     src.line(f"{outs}.append(h)", 1)
-    _expect(src, near_miss, steps, length, axis, reverse, extra_at)
+    exact = init != "first" or src.last_step in PLAIN_STEPS
+    _expect(src, near_miss, steps, length if exact else None, axis, reverse, extra_at)
     n_out = len(times) + (init == "first")          # skip / repeat: not L
     return _output(src, rng, out, outs, axis, state, reverse, n_out)
 
@@ -211,13 +244,14 @@ def _output(src, rng, out, outs, axis, state, reverse, length):
         return y, state
     if out == "stack_other" and rank > 1:
         other = rng.choice([d for d in range(rank) if d != axis])
-        src.line(f"{y} = torch.stack({outs}, {other})")
+        src.line(f"{y} = torch.stack({outs}, {rng.choice([other, other - rank])})")
         return y, state[:other] + (length,) + state[other:]
     if out == "cat":
         d = rng.randrange(len(state))
         src.line(f"{y} = torch.cat({outs}, {d})")
         return y, state[:d] + (state[d] * length,) + state[d + 1:]
-    src.line(f"{y} = torch.stack({outs}, {axis})")
+    dim = rng.choice([str(axis), f"dim={axis - rank}", str(axis - rank)])   # negative/keyword
+    src.line(f"{y} = torch.stack({outs}, {dim})")
     shape = state[:axis] + (length,) + state[axis:]
     if out == "middle":                              # an intermediate state returned as well
         mid = src.name("mid")
