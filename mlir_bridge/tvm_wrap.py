@@ -73,10 +73,10 @@ def cpu_primfunc(spec):
 def build_cpu(spec, target="llvm"):
     """``cpu_primfunc`` compiled by TVM alone (function ``scanweaver_scan``): the MLIR route's
     counterpart of ``tir_schedules.build``, for benchmarks and kernel-level tests."""
-    import tir_schedules
+    from scanweaver_tvm.targets import resolve_target
 
     func = cpu_primfunc(spec)
-    return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=tir_schedules.resolve_target(target)).mod
+    return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=resolve_target(target)).mod
 
 
 def _kernel_stub(kernel, target):

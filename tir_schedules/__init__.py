@@ -7,24 +7,12 @@ first that applies, in order of preference, unless a schedule is named.
 import tvm
 
 from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_tvm.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
 from . import cpu, gpu_blelloch, gpu_chunked, gpu_warp, selective_cpu, selective_gpu
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu)}
-
-
-def host_target():
-    """The LLVM target for this machine's CPU (plain ``"llvm"`` means generic x86-64: SSE2 only)."""
-    from tvm.target import codegen
-    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-
-
-def resolve_target(target):
-    """A ``tvm.target.Target``; a bare ``"llvm"`` becomes the host CPU's target."""
-    if isinstance(target, str) and target == "llvm":
-        return host_target()
-    return tvm.target.Target(target)
 
 
 def target_kind(target):
