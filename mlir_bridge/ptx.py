@@ -48,6 +48,11 @@ def ptxas_check(ptx_text, arch="sm_90"):
             m = re.search(r"(\d+) bytes smem", line)
             if m:
                 current["shared_bytes"] = int(m.group(1))
+    unread = [k for k, r in report.items() if "Used" not in proc.stderr or r["registers"] == 0]
+    if not report or unread:
+        raise MlirError(f"ptxas -v printed no resource report that could be read for "
+                        f"{unread or 'any kernel'} (a new ptxas format?); not reading it as 0 "
+                        f"registers and 0 spills:\n{proc.stderr[:2000]}")
     return report
 
 

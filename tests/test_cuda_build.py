@@ -50,3 +50,24 @@ def test_selective_gpu_kernel_ptxas():
 def test_ptxas_rejects_garbage():
     with pytest.raises(RuntimeError, match="ptxas"):
         cuda_check.ptxas("this is not ptx")
+
+
+@pytest.mark.parametrize("which", ["tir", "mlir"])
+def test_an_unreadable_ptxas_report_fails_loudly(which, monkeypatch):
+    """A ptxas whose -v output we cannot parse must not read as 0 registers and 0 spills."""
+    import subprocess
+
+    import mlir_bridge.ptx
+
+    class Quiet:
+        returncode, stdout = 0, ""
+        stderr = "ptxas info    : Compiling entry function 'k' for 'sm_90'\nsomething new\n"
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Quiet())
+    if which == "tir":
+        with pytest.raises(RuntimeError, match="no resource report"):
+            cuda_check.ptxas(".version 8.0")
+    else:
+        monkeypatch.setattr(mlir_bridge.ptx, "ptxas", lambda: "ptxas")
+        with pytest.raises(mlir_bridge.ptx.MlirError, match="no resource report"):
+            mlir_bridge.ptx.ptxas_check(".version 8.0")

@@ -80,6 +80,10 @@ def ptxas(ptx_text, arch="sm_90"):
     def most(pattern):
         return max((int(x) for x in re.findall(pattern, text)), default=0)
 
+    if not re.search(r"Used \d+ registers", text) or not re.search(r"bytes spill stores", text):
+        raise RuntimeError(f"ptxas -v printed no resource report that could be read (a new ptxas "
+                           f"format?); not reading it as 0 registers and 0 spills:\n{text[:2000]}")
+
     return PtxasReport(most(r"Used (\d+) registers"), most(r"(\d+) bytes spill stores"),
                        most(r"(\d+) bytes spill loads"), most(r"(\d+) bytes smem"), text)
 
