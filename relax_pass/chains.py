@@ -114,11 +114,34 @@ def find_chains(function_name, bindings):
             reason = (f"step {v.name}: the state {p.name} goes through {why.op} "
                       f"({why.var.name}): not affine in h")
             near.setdefault(("not affine", why.op, tensor_shape(v)), (reason, []))[1].append(v)
+    for v in order:          # max-plus steps m = max(m + w, k_t): a near miss of its own kind
+        prev = _max_plus_state(an, v)
+        if prev is not None:
+            reason = (f"step {v.name}: max-plus recurrence m = max(m + w, k_t) on {prev.name} "
+                      "(a max-stabilized normalizer, as in RWKV/xLSTM): not affine in h; left as it was")
+            near.setdefault(("max-plus", tensor_shape(v)), (reason, []))[1].append(v)
     for reason, steps in near.values():
         more = f" (and {len(steps) - 1} more steps like it)" if len(steps) > 1 else ""
         found.append(_rejected(function_name, steps, reason + more))
         found[-1].lone = True
     return _drop_inner_chains(an, found)
+
+
+def _max_plus_state(an, v):
+    """The previous state when ``v = maximum(add(p, w), k)`` (either order) with ``p`` itself
+    such a step or of v's type bound earlier; else None."""
+    value = an.value.get(v)
+    if op_name(value) != "relax.maximum":
+        return None
+    for x in value.args:
+        inner = an.value.get(x) if isinstance(x, relax.Var) else None
+        if op_name(inner) != "relax.add":
+            continue
+        for p in inner.args:
+            if isinstance(p, relax.Var) and op_name(an.value.get(p)) == "relax.maximum" \
+                    and tensor_shape(p) == tensor_shape(v):
+                return p
+    return None
 
 
 def _drop_inner_chains(an, found):

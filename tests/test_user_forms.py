@@ -251,3 +251,23 @@ def test_only_the_last_state_used_writes_only_the_last_state(form):
     fused = sw.FuseAffineRecurrences()(mod)
     assert '\\"outputs\\": [\\"last\\"]' in fused.script(), fused.script()[-1500:]
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+def test_max_stabilized_normalizer_is_one_reported_near_miss():
+    """Issue case 10: RWKV/xLSTM's ``m = max(m + w, k_t)`` is not affine; say so, once per loop."""
+    class MaxPlus(torch.nn.Module):
+        def forward(self, k, w):
+            m, ms = torch.full_like(k[:, 0], -1e4), []
+            for t in range(k.shape[1]):
+                m = torch.maximum(m + w, k[:, t])
+                ms.append(m)
+            return torch.stack(ms, 1)
+
+    args = (torch.randn(2, L, D), torch.randn(D))
+    model = MaxPlus().eval()
+    mod = sw.from_torch(model, args)
+    every = sw.find_recurrences(mod, include_rejected=True)
+    maxplus = [r for r in every if "max-plus" in r.reason]
+    assert len(maxplus) == 1 and maxplus[0].rejected and f"{L - 2} more steps" in maxplus[0].reason, every
+    tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
