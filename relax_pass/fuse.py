@@ -21,6 +21,7 @@ from .cumulative import cumulative_recurrences, cumulative_scan
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
+from .interpret import Interpreter, Unsupported
 from .validate import validate
 
 
@@ -109,6 +110,38 @@ def _users(func):
     return users
 
 
+def _written_buffers(rec, value, users):
+    """In-place output writes ``out = x.new_empty(..); out[:, t] = h_t`` export as one
+    ``where(arange == t, broadcast(h_t), out)`` per step over the whole buffer.  A last such
+    ``where`` that equals the states stacked at an axis (checked by evaluating it on random
+    states and a random first buffer: every slot written, in time order) is that stack:
+    ``{buffer var: (axis, the bindings that built it)}``."""
+    shape, n = rec.state_shape, rec.length
+    found = {}
+    rng = np.random.default_rng(5)
+    for v, val in value.items():
+        full = tensor_shape(v)
+        if op_name(val) != "relax.where" or full is None or len(full) != len(shape) + 1:
+            continue
+        fits = [k for k in range(len(shape) + 1) if full == shape[:k] + (n,) + shape[k:]]
+        if not fits or any(op_name(value.get(u)) == "relax.where" and tensor_shape(u) == full
+                           for u in users.get(v, []) if isinstance(u, relax.Var)):
+            continue                    # not of a stack's shape, or not the last write
+        env = {s: rng.standard_normal(shape) for s in rec.states}
+        interp = Interpreter(value, missing=lambda var: rng.standard_normal(tensor_shape(var) or ()))
+        interp.memo.update(env)
+        try:
+            got = interp(v)
+        except (Unsupported, ValueError, TypeError, IndexError, KeyError):
+            continue
+        stacked = [env[s] for _, s in sorted(zip(rec.indices, rec.states), key=lambda p: p[0])]
+        for k in fits:
+            if np.array_equal(got, np.stack(stacked, k)):
+                found[v] = (k, {x for x in interp.memo if x not in env})
+                break
+    return found
+
+
 class _Plan:
     """What to emit for one accepted chain, and which bindings it replaces."""
 
@@ -125,6 +158,9 @@ class _Plan:
                 if got is not None:
                     self.concats[v] = got
         consumed = {f for c in self.concats for f in value[c].args[0].fields} | set(self.concats)
+        for buf, (axis, region) in _written_buffers(rec, value, users).items():
+            self.concats[buf] = (axis, axis, True)     # out[:, t] = h_t for every t: a stack
+            consumed |= region
         self.external = {}
         for s in states:
             uses = [u for u in users.get(s, []) if u not in internal and u not in consumed]

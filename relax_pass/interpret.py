@@ -149,6 +149,9 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return np.full(_ints(call.args[0]), args[1], _np_dtype(a.dtype))
     if name == "full_like":
         return np.full_like(args[0], args[1])
+    if name == "arange":
+        start, end, step = (float(getattr(x, "value", x)) for x in call_args(call))
+        return np.arange(start, end, step).astype(_np_dtype(a.dtype))
     if name == "nn.softmax":
         x = args[0] - args[0].max(axis=int(a.axis), keepdims=True)
         e = np.exp(x)
@@ -158,7 +161,7 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
 
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
-             "ones zeros_like ones_like full full_like nn.softmax").split()
+             "ones zeros_like ones_like full full_like nn.softmax arange").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 
 
@@ -175,7 +178,7 @@ def _tensor_args(call):
     name, args = op_name(call), call_args(call)
     if name in ("relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip"):
         return args[:1]
-    if name in ("relax.zeros", "relax.ones"):
+    if name in ("relax.zeros", "relax.ones", "relax.arange"):
         return ()
     if name in ("relax.full", "relax.full_like"):
         return args[:2]

@@ -271,3 +271,25 @@ def test_max_stabilized_normalizer_is_one_reported_near_miss():
     assert len(maxplus) == 1 and maxplus[0].rejected and f"{L - 2} more steps" in maxplus[0].reason, every
     tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_in_place_output_writes_become_the_stacked_states(reverse):
+    """Issue cases 7 and 9: ``out[:, t] = h`` exports as a ``where`` over the whole buffer per
+    step (O(L^2)); it must become the scan's states, with no per-step write left."""
+    class InPlace(torch.nn.Module):
+        def forward(self, a, b):
+            out = b.new_empty(b.shape)
+            h = torch.zeros_like(b[:, 0])
+            steps = range(b.shape[1] - 1, -1, -1) if reverse else range(b.shape[1])
+            for t in steps:
+                h = a[:, t] * h + b[:, t]
+                out[:, t] = h
+            return out
+
+    model, args = InPlace().eval(), _args((B, L, D))
+    mod = sw.from_torch(model, args)
+    fused = sw.FuseAffineRecurrences()(mod)
+    assert fused.script().count('"scanweaver.affine_scan"') == 1
+    assert "R.where" not in fused.script(), fused.script()[-2000:]
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
