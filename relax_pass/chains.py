@@ -101,7 +101,9 @@ def find_chains(function_name, bindings):
                 nxt = linked_to[steps[-1]]
                 steps.append(nxt)
                 readings.append(link[nxt])
-            found.append(_chain(function_name, an, steps, readings))
+            chain = _chain(function_name, an, steps, readings)
+            if chain is not None:
+                found.append(chain)
         else:
             reason = _near_miss(an, cands, v)
             if reason:       # one report per loop: its steps share the reading's templates
@@ -210,7 +212,7 @@ def _chain(function_name, an, steps, readings):
         if "mixed" in idx or len(idx) > 1:
             return _rejected(function_name, steps, f"step {s.name} reads different time indices {sorted(map(str, idx))}")
         if not idx:
-            return _rejected(function_name, steps, f"step {s.name} has no per-step input (no take of a time index)")
+            return None      # no per-step input: not a loop over time (say nothing)
         indices.append(idx.pop())
     if len(steps) < MIN_STEPS:
         return _rejected(function_name, steps, f"only {len(steps)} step(s)")
@@ -242,8 +244,7 @@ def _chain(function_name, an, steps, readings):
 def _inside_steps(an, states):
     """Every binding on a path from one state to the next (the steps themselves included):
     a use of a state there is the recurrence's own, not the rest of the graph's."""
-    if an.position is None:
-        an.position = VarMap((v, i) for i, v in enumerate(an.value))
+    an.positions()
     inside = set()
     for prev, step in zip(states, states[1:]):
         start, memo = an.position.get(prev, -1), VarMap()

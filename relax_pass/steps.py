@@ -26,6 +26,8 @@ ELEMENTWISE = {f"relax.{n}" for n in (
     "nn.softplus", "log1p", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "sign",
     "where", "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "logical_and",
     "logical_or", "logical_not", "nn.relu", "nn.gelu")}
+# tensors made from constants (export makes one per step for ``torch.lerp(h, x, 0.5)``'s weight)
+CONSTRUCTORS = {"relax.full", "relax.zeros", "relax.ones", "relax.arange"}
 # what the affine reading builds coefficients with, besides the elementwise ops
 SYNTHETIC = {"relax.where", "relax.broadcast_to", "relax.ones", "relax.permute_dims", "relax.reshape",
              "relax.expand_dims", "relax.squeeze"}
@@ -166,7 +168,8 @@ class Analysis:
         if step is not None:                  # X's slice at one time index: ("slice", X, axis[, keep])
             key, t = step
             return Template(key, t)
-        if name in ELEMENTWISE or name in LIFTABLE or (var is None and name in SYNTHETIC):
+        structural = name in ELEMENTWISE or name in LIFTABLE or name in CONSTRUCTORS
+        if structural or (var is None and name in SYNTHETIC):
             children = [self.template(a) for a in call_args(value)]
             indices = {c.index for c in children if c.index is not None}
             attrs = str(value.attrs) if value.attrs is not None else ""
@@ -204,13 +207,23 @@ class Analysis:
         return False
 
     # -- steps -------------------------------------------------------------------------------
+    def positions(self):
+        """var -> binding index; an unbound var (a parameter) sits just before its first use,
+        since no binding before that can depend on it."""
+        if self.position is None:
+            self.position = VarMap((v, i) for i, v in enumerate(self.value))
+            for i, val in enumerate(self.value.values()):
+                for a in call_args(val) if isinstance(val, relax.Call) else ():
+                    if isinstance(a, relax.Var) and a not in self.position:
+                        self.position[a] = i - 1
+        return self.position
+
     def step_candidates(self, var):
         """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b`` (``affine.py``)."""
         value = self.value.get(var)
         if op_name(value) not in STEP_OPS or tensor_shape(var) is None:
             return []
-        if self.position is None:
-            self.position = VarMap((v, i) for i, v in enumerate(self.value))
+        self.positions()
         out = []
         for p in candidates(self.value, var):
             if isinstance(p, tvm.ir.expr.GenericConst) and not self.is_zeros(p):

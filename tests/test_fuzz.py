@@ -22,6 +22,26 @@ SUBSET = range(1000, 1100)          # small L: each case compiles in about a sec
 SUBSET_MAX_LENGTH = 5
 
 
+def _seed_with(tag, min_length=8, max_length=24):
+    """The first seed whose model has ``tag`` on a recurrence of L >= ``min_length`` (fp32)."""
+    for seed in range(20000, 24000):
+        case = generate_case(seed, max_length=max_length, dtype="float32")
+        if tag in case.tags and any((e[1] or 0) >= min_length for e in case.expect["found"]):
+            return seed
+    raise AssertionError(f"no seed draws {tag}")
+
+
+FAMILIES = [f"step:{k}" for k in blocks.STEP_FORMS] + ["slice:select_neg", "slice:narrow"]
+
+
+@pytest.mark.parametrize("tag", FAMILIES)
+def test_every_form_family_at_length_8_or_more(tag, tmp_path):
+    """The make-test subset holds a case of every form family at L >= 8."""
+    seed = _seed_with(tag)
+    res = check_case(generate_case(seed, max_length=24, dtype="float32"), out_dir=str(tmp_path))
+    assert res.status == "ok", f"{tag} (seed {seed}): {res.problems} (reproducer: {res.saved})"
+
+
 @pytest.mark.parametrize("seed", SUBSET)
 def test_generated_model(seed, tmp_path):
     res = check_case(generate_case(seed, max_length=SUBSET_MAX_LENGTH), out_dir=str(tmp_path))
@@ -38,7 +58,9 @@ def test_generator_emits_every_form():
               + [f"init:{k}" for k in blocks.INITS] + [f"out:{k}" for k in blocks.OUTS]
               + [f"axis:{k}" for k in range(4)] + [f"near:{k}" for k in blocks.NEAR_MISSES]
               + ["forward", "reverse", "selective", "several", "chained", "float16", "float32"]
-              + [f"layer:{k}" for k in ("linear", "matmul", "layer_norm", "silu", "relu", "gelu")])
+              + [f"layer:{k}" for k in ("linear", "matmul", "layer_norm", "silu", "relu", "gelu")]
+              + [f"step:{k}" for k in (*blocks.STEP_FORMS, *blocks.SUM_FORMS)]
+              + ["slice:select", "slice:index", "slice:ellipsis", "slice:select_neg", "slice:narrow"])
     missing = [w for w in wanted if tags[w] == 0]
     assert not missing, missing
     # the subset in make test covers the near misses too
