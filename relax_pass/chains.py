@@ -5,6 +5,7 @@ coefficient templates are equal and whose slice index moves by +1 (forward) or -
 per step.  Near misses (a non-affine op between steps, a coefficient that depends on the
 state, mixed or skipped indices) are reported with the reason and never rewritten.
 """
+import re
 from dataclasses import dataclass, field
 
 import tvm
@@ -106,8 +107,8 @@ def find_chains(function_name, bindings):
                 found.append(chain)
         else:
             reason = _near_miss(an, cands, v)
-            if reason:       # one report per loop: its steps share the reading's templates
-                near.setdefault(keys(cands[v][0]), (reason, []))[1].append(v)
+            if reason:       # one report per loop: its steps differ only in binding names
+                near.setdefault(("near", re.sub(r"\b[A-Za-z_]\w*\d\w*\b", "#", reason)), (reason, []))[1].append(v)
     for v in order:          # steps that read their state in a way that is not affine
         if v in cands or v not in an.not_affine:
             continue
