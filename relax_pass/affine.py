@@ -252,14 +252,14 @@ def affine_in(value_of, position, v, p):
     return r
 
 
-def candidates(value_of, v, limit=64, most=16):
+def candidates(value_of, v, limit=64, most=12, most_parts=4):
     """States ``v`` may be a step from, nearest first: vars (or constants) of ``v``'s type
     reached from it backwards through the ops the reading is closed under; a bounded walk.
     Products and quotients are parts of a step, rarely its state: at most ``most`` of them
-    (the others, which a state usually is, all within the walk)."""
+    (the others, which a state usually is, first)."""
     shape, dtype = tensor_shape(v), tensor_dtype(v)
     found, parts, queue, seen = [], [], [v], {v}
-    while queue and len(seen) < limit:
+    while queue and len(seen) < limit and len(found) < most:
         e = queue.pop(0)
         value = value_of.get(e) if isinstance(e, relax.Var) else None
         if value is None or op_name(value) not in _RULES:
@@ -274,7 +274,7 @@ def candidates(value_of, v, limit=64, most=16):
             seen.add(a)
             if tensor_shape(a) == shape and tensor_dtype(a) == dtype:
                 if op_name(value_of.get(a)) in ("relax.multiply", "relax.divide"):
-                    if len(parts) < most:
+                    if len(parts) < most_parts:
                         parts.append(a)
                 else:
                     found.append(a)
