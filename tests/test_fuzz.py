@@ -232,3 +232,11 @@ def test_long_near_miss_is_rejected_without_recursing(kind):
     found = sw.find_recurrences(mod, include_rejected=True)
     assert found and all(r.rejected for r in found), found
     tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
+
+
+@pytest.mark.parametrize("seed", [5133, 5213, 5226])
+def test_long_run_findings_stay_fixed(seed, tmp_path):
+    """Missed detections the long run found: lerp's per-step scalar weight (5133, 5213) and an
+    input initial state that exhausted the reading budget (5226)."""
+    res = check_case(generate_case(seed, max_length=96), out_dir=str(tmp_path))
+    assert res.status == "ok", f"{res.problems} (reproducer: {res.saved})"
