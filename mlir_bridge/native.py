@@ -2,20 +2,23 @@
 import ctypes
 import os
 import subprocess
+import tempfile
 
 import numpy as np
 
 from .operands import operands
-from .tools import MlirError, llc_object, scratch_dir
+from .tools import MlirError, llc_object
 
 _LIBS = {}
 
 
 def build_shared_library(artifact, path):
-    """llc -O3 -relocation-model=pic -filetype=obj, then cc -shared; returns ``path``."""
-    obj = os.path.join(scratch_dir(), "scan.o")
-    llc_object(artifact.llvm_ir, obj)
-    proc = subprocess.run(["cc", "-shared", obj, "-o", path, "-lm"], capture_output=True, text=True)
+    """llc -O3 -relocation-model=pic -filetype=obj, then cc -shared; returns ``path``.  The
+    object file lives in a temporary folder removed when done."""
+    with tempfile.TemporaryDirectory(prefix="scanweaver_mlir_") as tmp:
+        obj = os.path.join(tmp, "scan.o")
+        llc_object(artifact.llvm_ir, obj)
+        proc = subprocess.run(["cc", "-shared", obj, "-o", path, "-lm"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise MlirError(f"cc -shared failed:\n{proc.stderr}")
     return path
@@ -25,7 +28,8 @@ def _entry(spec):
     from . import cpu_llvm_ir
     art = cpu_llvm_ir(spec)
     if art.entry not in _LIBS:
-        lib = ctypes.CDLL(build_shared_library(art, os.path.join(scratch_dir(), "scan.so")))
+        with tempfile.TemporaryDirectory(prefix="scanweaver_mlir_") as tmp:  # loaded, then removed
+            lib = ctypes.CDLL(build_shared_library(art, os.path.join(tmp, "scan.so")))
         fn = getattr(lib, art.entry)
         fn.restype = ctypes.c_int32
         _LIBS[art.entry] = (lib, fn, art)

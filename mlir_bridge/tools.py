@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 VERSION = 22
 DEFAULT_DIR = f"/usr/lib/llvm-{VERSION}/bin"
@@ -117,6 +116,3 @@ def llc_object(llvm_ir, obj_path):
     if proc.returncode != 0:
         raise MlirError(f"llc failed:\n{proc.stderr[:4000]}")
 
-
-def scratch_dir():
-    return tempfile.mkdtemp(prefix="scanweaver_mlir_")

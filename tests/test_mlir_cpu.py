@@ -146,3 +146,19 @@ def test_selective_abi():
     declared = re.findall(r"^declare \S+ @([\w.]+)", art.llvm_ir, re.M)
     assert all(name.startswith("llvm.") for name in declared), declared   # libm via llc only
     assert not re.findall(r"^@\w+ = (?!private|internal)", art.llvm_ir, re.M)
+
+
+def test_cpu_route_leaves_no_temporary_folders(tmp_path, monkeypatch):
+    """Code review: each build left a ``scanweaver_mlir_*`` folder behind."""
+    import tempfile
+
+    from scanweaver_tvm.spec import AffineScanSpec as Spec
+
+    import mlir_bridge.native
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(mlir_bridge.native, "_LIBS", {})        # build it here, not from cache
+    spec = Spec.create((2, 3, 5), axis=1)
+    a = np.random.default_rng(0).uniform(-1, 1, (2, 3, 5)).astype("float32")
+    mlir_bridge.run_cpu(spec, a, a)
+    assert mlir_bridge.native._LIBS and list(tmp_path.iterdir()) == []
