@@ -5,6 +5,8 @@ same random inputs; this module gives both a meaning.  Float casts are identitie
 compares the algebra in float64, not the rounding of a dtype); ScanWeaver's own scan calls run
 the float64 reference.  An op it does not know raises ``Unsupported`` naming it, never a guess.
 """
+import math
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -22,10 +24,7 @@ class Unsupported(Exception):
     """The interpreter has no meaning for this expression (the message names it)."""
 
 
-def _erf(x):
-    from scipy.special import erf  # pylint: disable=import-outside-toplevel
-
-    return erf(x)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _softplus(x, beta=1.0, threshold=20.0):
@@ -207,8 +206,9 @@ class Interpreter:
     """Evaluate expressions of one function lazily: ``value_of`` maps a bound var to its value,
     ``env`` holds the given inputs (var -> array).  Results are memoized per var."""
 
-    def __init__(self, value_of, missing=None, shared=None, opaque=()):
+    def __init__(self, value_of, missing=None, shared=None, opaque=(), ops=None):
         self.value_of, self.memo = value_of, {}
+        self.ops = ops              # the op names it may evaluate (None: all it knows)
         self.missing = missing      # var -> value for unbound vars (parameters), else Unsupported
         self.shared = shared        # var -> value or None: values taken from elsewhere
         self.opaque = opaque        # vars whose unsupported ops read as ``missing`` (probe inputs)
@@ -276,12 +276,13 @@ class Interpreter:
         if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
             return np.float64(e.value) if isinstance(e, tvm.tirx.FloatImm) else np.int64(e.value)
         if isinstance(e, relax.Call):
-            scan = parse_scan(e) if op_name(e) == "relax.call_pure_packed" else None
+            name = op_name(e)
+            if name is None or (self.ops is not None and name not in self.ops):
+                raise Unsupported(f"call of {e.op}")
+            scan = parse_scan(e) if name == "relax.call_pure_packed" else None
             if scan is not None:
                 spec, operands = scan
                 return _scan(spec, [self._eval(o) for o in operands])
-            if op_name(e) is None:
-                raise Unsupported(f"call of {e.op}")
             args = [self._eval(x) for x in _tensor_args(e)]
             return _apply_call(e, args)
         raise Unsupported(type(e).__name__)
