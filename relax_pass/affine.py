@@ -44,41 +44,31 @@ class _TooFar(Exception):
     """The reading left the neighbourhood of one step."""
 
 
-def _mul(x, y):
+def _join(op, x, y):
+    """``op(x, y)``, where ``None`` is the op's identity (1 for a coefficient, 0 for an offset)."""
     if x is None:
         return y
     if y is None:
         return x
-    return relax.op.multiply(x, y)
+    return op(x, y)
+
+
+def _mul(x, y):
+    return _join(relax.op.multiply, x, y)
 
 
 def _add(x, y):
-    if x is None:
-        return y
-    if y is None:
-        return x
-    return relax.op.add(x, y)
+    return _join(relax.op.add, x, y)
 
 
 def _neg(x):
     return None if x is None else relax.op.negative(x)
 
 
-def _const(value, dtype):
-    return relax.const(value, dtype)
-
-
 def _same_layout(x, y):
     if x is None or y is None:
         return x is None and y is None
     return x.shape == y.shape and bool(np.all(x == y))
-
-
-def _full(x, shape, dtype):
-    """``x`` (a coefficient that broadcasts to ``shape``) as a tensor of ``shape``."""
-    if x is None:
-        return relax.op.ones(shape, dtype) if dtype else None
-    return relax.op.broadcast_to(x, shape)
 
 
 class _Reader:
@@ -136,7 +126,7 @@ def _r_add(_, value, args, reads, shape, dtype, sign=1):
     if isinstance(rx, Affine) and isinstance(ry, Affine):
         if not _same_layout(rx.layout, ry.layout):
             return None
-        one = _const(1.0, dtype)
+        one = relax.const(1.0, dtype)
         cx = one if rx.coef is None else rx.coef
         cy = one if ry.coef is None else ry.coef
         coef = relax.op.add(cx, cy) if sign > 0 else relax.op.subtract(cx, cy)
@@ -144,7 +134,7 @@ def _r_add(_, value, args, reads, shape, dtype, sign=1):
         return Affine(coef, off, rx.layout)
     if isinstance(rx, Affine):
         return Affine(rx.coef, _add(rx.off, y if sign > 0 else relax.op.negative(y)), rx.layout)
-    coef = ry.coef if sign > 0 else (_const(-1.0, dtype) if ry.coef is None else relax.op.negative(ry.coef))
+    coef = ry.coef if sign > 0 else (relax.const(-1.0, dtype) if ry.coef is None else relax.op.negative(ry.coef))
     return Affine(coef, _add(x, ry.off if sign > 0 else _neg(ry.off)), ry.layout)
 
 
@@ -166,20 +156,20 @@ def _r_div(_, value, args, reads, shape, dtype):
     if not isinstance(rx, Affine) or ry is not FREE:
         return None                      # dividing by the state
     div = (lambda e: None if e is None else relax.op.divide(e, y))
-    coef = relax.op.divide(_const(1.0, dtype), y) if rx.coef is None else div(rx.coef)
+    coef = relax.op.divide(relax.const(1.0, dtype), y) if rx.coef is None else div(rx.coef)
     return Affine(coef, div(rx.off), rx.layout)
 
 
 def _r_neg(_, value, args, reads, shape, dtype):
     r = reads[0]
-    return Affine(_const(-1.0, dtype) if r.coef is None else relax.op.negative(r.coef), _neg(r.off), r.layout)
+    return Affine(relax.const(-1.0, dtype) if r.coef is None else relax.op.negative(r.coef), _neg(r.off), r.layout)
 
 
 def _r_where(_, value, args, reads, shape, dtype):
     (cond, x, y), (rc, rx, ry) = args, reads
     if rc is not FREE:
         return None                      # the condition reads the state
-    zero, one = _const(0.0, dtype), _const(1.0, dtype)
+    zero, one = relax.const(0.0, dtype), relax.const(1.0, dtype)
 
     def parts(arg, r):
         if r is FREE:
@@ -212,8 +202,8 @@ def _r_layout(_, value, args, reads, shape, dtype):
     call_on = (lambda e: relax.Call(value.op, [e] + list(args[1:]), value.attrs))
     layout = r.layout if r.layout is not None else np.arange(int(np.prod(src))).reshape(src)
     layout = _apply_layout(value, layout, shape)
-    coef = None if r.coef is None else call_on(_full(r.coef, src, None))
-    off = None if r.off is None else call_on(_full(r.off, src, None))
+    coef = None if r.coef is None else call_on(relax.op.broadcast_to(r.coef, src))
+    off = None if r.off is None else call_on(relax.op.broadcast_to(r.off, src))
     return Affine(coef, off, layout)
 
 
@@ -231,7 +221,6 @@ _RULES = {"relax.add": _r_add, "relax.subtract": _r_sub, "relax.multiply": _r_mu
           "relax.astype": _r_astype, **{n: _r_layout for n in LAYOUT_OPS}}
 
 
-CLOSED_OPS = frozenset(_RULES)
 # ops a step can end with (a product alone, ``a*h``, is a part of a step, not one)
 STEP_OPS = frozenset(("relax.add", "relax.subtract", "relax.where", "relax.astype", "relax.negative",
                       *LAYOUT_OPS))

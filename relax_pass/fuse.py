@@ -64,8 +64,8 @@ def fuse(mod, cumulative=False):
             _reject_unbuildable(mod, recurrences, err)
             continue
         failed = False
-        for rec in recurrences:
-            if rec.rejected or id(rec) not in replaced:
+        for rec in recurrences:       # (one validated before a retry is the same rewrite)
+            if rec.rejected or rec.validation_s is not None or id(rec) not in replaced:
                 continue
             ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)])
             rec.validation_s = seconds
@@ -280,7 +280,6 @@ class _Rewriter(relax.PyExprMutator):
         for c, (cat_axis, expand, increasing) in plan.concats.items():
             self._replace(c, gathered(self.builder_, outs["states"], axis, rank, cat_axis, expand,
                                       increasing, tensor_shape(c)))
-
 
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective

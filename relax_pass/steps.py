@@ -1,11 +1,12 @@
-"""Per-step structure of unrolled recurrences: which ``add`` bindings are affine steps, and the
-shape of their coefficients.
+"""Per-step structure of unrolled recurrences: which bindings are affine steps, and the shape
+of their coefficients.
 
-A step is ``v = add(x, y)`` where one term is the previous state ``h`` (``a = 1``) or
-``multiply(h, a)`` in either order, and the other term is ``b``.  A coefficient's *template*
-is its expression tree with every ``take(X, const t, axis)`` replaced by the slot
-``("slice", X, axis)``: two steps of one recurrence have equal templates and differ only in
-``t``.  Templates are built once per variable (memoized), so detection is linear in the graph.
+A step is a binding that ``affine.py`` reads as ``a*prev + b`` for a nearby state ``prev`` of its
+type (any sum of terms, ``lerp``, casts, layout ops on the state).  A coefficient's *template* is
+its expression tree with every per-step slice of a tensor (``take(X, const t, axis)``,
+``X[:, t:t+1]``, a ``split`` piece) replaced by the slot ``("slice", X, axis)``: two steps of one
+recurrence have equal templates and differ only in ``t``.  Templates are memoized per node, so
+detection is linear in the graph.
 """
 from dataclasses import dataclass
 
@@ -155,8 +156,6 @@ class Analysis:
             data = expr.value.numpy()
             return Template(("const", data.shape, str(data.dtype), hash(data.tobytes())))
         return self._template_of(None, expr)      # a Call the affine reading built (affine.py)
-        # other leaves (clip's bounds, shapes, tuples): fresh wrappers per use, so by structure
-        return Template(("expr", tvm_ffi.structural_hash(expr)))
 
     def _template_of(self, var, value):
         name = op_name(value)
@@ -242,9 +241,7 @@ class Analysis:
         name = op_name(value)
         if name == "relax.zeros":
             return True
-        if name == "relax.full":
-            return _const_scalar(value.args[1]) == 0
-        if name == "relax.full_like":
+        if name in ("relax.full", "relax.full_like"):
             return _const_scalar(value.args[1]) == 0
         if name == "relax.zeros_like":
             return True
