@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .exprs import VarMap, error_line
 from .lift import Lifter, NotLiftable, dims_after_time
-from .exprs import VarMap
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
 
 MIN_STEPS = 2
@@ -290,7 +290,7 @@ def _scan_axis(an, a, b, rank, window):
     except NotLiftable as err:
         return f"a coefficient uses {err}, which does not commute with slicing along time"
     except (RuntimeError, ValueError, TypeError) as err:
-        return f"its whole-sequence coefficients could not be built: {str(err).strip().splitlines()[-1]}"
+        return f"its whole-sequence coefficients could not be built: {error_line(err)}"
     finally:
         bb._end_block()  # pylint: disable=protected-access
     e, tax = next((x for x in lifted if x[1] is not None), (None, None))

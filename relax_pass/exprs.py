@@ -1,6 +1,12 @@
-"""Small readers of Relax expressions shared by the analyses."""
+"""Small readers of Relax expressions (and of TVM's errors) shared by the analyses."""
 import tvm
 from tvm import relax
+
+
+def error_line(err):
+    """The line of a TVM error that says what went wrong (its last; the type when empty)."""
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 _CALLS = {}         # hash(call) -> (call, op name, args): reading a node's fields is an FFI call

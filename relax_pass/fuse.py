@@ -16,12 +16,13 @@ from tvm import relax
 from scanweaver_tvm.spec import SUPPORTED_DTYPES, AffineScanSpec
 
 from .chains import find_chains
-from .lift import Lifter
 from .cumulative import cumulative_recurrences, cumulative_scan
+from .exprs import error_line
+from .interpret import Interpreter, Unsupported
+from .lift import Lifter
 from .scan_op import make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
-from .interpret import Interpreter, Unsupported
 from .validate import validate
 
 
@@ -89,8 +90,7 @@ def _reject_unbuildable(mod, recurrences, err):
     if not culprits:
         raise err
     for rec, own in culprits:
-        first = str(own).strip().splitlines()[-1] if str(own).strip() else type(own).__name__
-        rec.rejected, rec.reason = True, f"its whole-sequence coefficients could not be built: {first}"
+        rec.rejected, rec.reason = True, f"its whole-sequence coefficients could not be built: {error_line(own)}"
 
 
 def analyze(mod, cumulative=False):
@@ -299,11 +299,7 @@ class _Rewriter(relax.PyExprMutator):
         """The whole-sequence tensor of a step coefficient, time ``rho`` dims from the end."""
         if expr is ONE:
             return expr
-        e, tax = lifter.lift(expr)
-        if tax is None:                          # loop-invariant (or a constant): a unit L axis
-            q = len(tensor_shape(e) or ())
-            return self.builder_.emit(relax.op.expand_dims(e, q - rho)) if q > rho else e
-        return lifter.align(e, tax, rho)
+        return lifter.align(*lifter.lift(expr), rho)
 
 
 def rewrite(mod, recurrences):

@@ -212,7 +212,6 @@ class Interpreter:
         self.missing = missing      # var -> value for unbound vars (parameters), else Unsupported
         self.shared = shared        # var -> value or None: values taken from elsewhere
         self.opaque = opaque        # vars whose unsupported ops read as ``missing`` (probe inputs)
-        self.evaluated = 0          # bindings evaluated (the validation's cost)
 
     def __call__(self, expr):
         stack = [expr]
@@ -229,7 +228,6 @@ class Interpreter:
                     self.memo[e] = self.missing(e)
                 else:
                     self.memo[e] = self._eval(value)
-                self.evaluated += 1
         return self._eval(expr) if not isinstance(expr, relax.Var) else self.memo[expr]
 
     def _deps(self, e):

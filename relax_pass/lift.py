@@ -40,10 +40,9 @@ class Lifter:
         self.slice_rhos = []    # dims after time in each sliced tensor, in the order lifted
 
     def lift(self, expr):
-        key = expr        # by handle (a Python wrapper is made anew per access: never id())
-        if key not in self.memo:
-            self.memo[key] = self._lift(expr)
-        return self.memo[key]
+        if expr not in self.memo:                # by handle: wrappers are made anew per access
+            self.memo[expr] = self._lift(expr)
+        return self.memo[expr]
 
     # -- leaves ------------------------------------------------------------------------------
     def _lift(self, expr):
@@ -80,19 +79,9 @@ class Lifter:
         varying = [(e, tax) for e, tax in (x for x in lifted if x is not None) if tax is not None]
         # dims after time (rho) must agree; per-step rank q = rank - 1
         ranks = [len(tensor_shape(e)) - 1 for e, _ in varying]
-        rhos = [len(tensor_shape(e)) - 1 - tax for e, tax in varying]
-        rho = max(rhos, key=rhos.count) if len(set(rhos)) == 1 else min(min(ranks), max(rhos))
-        args = []
-        for arg, got in zip(value.args, lifted):
-            if got is None:
-                args.append(arg)
-                continue
-            e, tax = got
-            if tax is None:
-                q = len(tensor_shape(e) or ())
-                args.append(self.emit(relax.op.expand_dims(e, [q - rho])) if q > rho else e)
-            else:
-                args.append(self.align(e, tax, rho))
+        rhos = [dims_after_time(e, tax) for e, tax in varying]
+        rho = rhos[0] if len(set(rhos)) == 1 else min(min(ranks), max(rhos))
+        args = [arg if got is None else self.align(*got, rho) for arg, got in zip(value.args, lifted)]
         out = self.emit(relax.Call(value.op, args, value.attrs))
         return out, len(tensor_shape(out)) - 1 - rho
 
@@ -197,7 +186,11 @@ class Lifter:
 
     # -- the scan's layout ------------------------------------------------------------------
     def align(self, e, tax, rho):
-        """``e`` with time ``rho`` dims from the end (leading unit dims added if needed)."""
+        """``e`` with time ``rho`` dims from the end (leading unit dims added if needed); an
+        invariant (``tax`` None) gets a unit dim there if it reaches that far, so it broadcasts."""
+        if tax is None:
+            q = len(tensor_shape(e) or ())
+            return self.emit(relax.op.expand_dims(e, [q - rho])) if q > rho else e
         rank = len(tensor_shape(e))
         if rank - 1 < rho:
             shape = tensor_shape(e)

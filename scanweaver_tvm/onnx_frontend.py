@@ -35,6 +35,7 @@ from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
+from relax_pass.exprs import error_line
 from relax_pass.scan_op import make_scan
 
 from .spec import AffineScanSpec
@@ -79,14 +80,15 @@ def from_onnx(model):
 
 def _fold_constants(mod):
     """FoldConstant, except where TVM 0.27's own pass fails (legalizing an op whose input shape is
-    unknown: "emit_te now only supports Tensor that has ShapeExpr shape") or breaks the module:
-    with a run-time-bounded ``Slice`` it leaves a ``call_tir`` to a ``shape_func`` it removed ("There is no definition of
-    I.GlobalVar("shape_func")"); then the unfolded module is returned (it compiles; per-step
-    Gathers stay unfolded, so their recurrences may not be found) and a warning says so."""
+    unknown: "emit_te now only supports Tensor that has ShapeExpr shape") or breaks the module
+    (with a run-time-bounded ``Slice`` it leaves a ``call_tir`` to a ``shape_func`` it removed:
+    "There is no definition of I.GlobalVar("shape_func")").  Then the unfolded module is returned
+    (it compiles; per-step Gathers stay unfolded, so their recurrences may not be found) and a
+    warning says so."""
     try:
         folded = relax.transform.FoldConstant()(mod)
     except (RuntimeError, AssertionError) as err:   # legalizing an op of unknown shape
-        warnings.warn(f"relax.transform.FoldConstant failed ({str(err).strip().splitlines()[-1]}); "
+        warnings.warn(f"relax.transform.FoldConstant failed ({error_line(err)}); "
                       "the model is imported without folding", stacklevel=3)
         return mod
     defined = {g.name_hint for g in folded.get_global_vars()}
