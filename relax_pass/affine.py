@@ -74,11 +74,11 @@ def _same_layout(x, y):
 class _Reader:
     """One reading of ``v`` as affine in ``p``: memoized over the bindings between them."""
 
-    def __init__(self, value_of, position, p):
+    def __init__(self, value_of, position, p, budget):
         self.value_of, self.position, self.p = value_of, position, p
         self.start = position.get(p, -1) if isinstance(p, relax.Var) else -1
         self.memo = VarMap()
-        self.budget = READ_BUDGET
+        self.budget = budget
 
     def read(self, e):
         if e.same_as(self.p):
@@ -226,11 +226,12 @@ STEP_OPS = frozenset(("relax.add", "relax.subtract", "relax.where", "relax.astyp
                       *LAYOUT_OPS))
 
 
-def affine_in(value_of, position, v, p):
+def affine_in(value_of, position, v, p, budget=READ_BUDGET):
     """``Affine`` (with ``layout`` None: the state as it is) or ``NotAffine`` for ``v`` read as a
-    function of ``p``; ``FREE`` when ``v`` does not depend on ``p``."""
+    function of ``p``; ``FREE`` when ``v`` does not depend on ``p``.  At most ``budget`` bindings
+    are visited (a step of an unrolled chain is a few)."""
     try:
-        r = _Reader(value_of, position, p).read(v)
+        r = _Reader(value_of, position, p, budget).read(v)
     except _TooFar:
         return NotAffine("(too far from the state for one step)", v)
     if isinstance(r, Affine) and r.layout is not None:

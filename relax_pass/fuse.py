@@ -13,14 +13,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm.spec import SUPPORTED_DTYPES, AffineScanSpec
+from scanweaver_tvm.spec import SUPPORTED_DTYPES
 
 from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .exprs import error_line
 from .interpret import Interpreter, Unsupported
 from .lift import Lifter
-from .scan_op import make_scan
+from .scan_op import emit_affine_scan, make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
 from .validate import validate
@@ -254,23 +254,13 @@ class _Rewriter(relax.PyExprMutator):
     def _emit(self, plan):
         rec, bb = plan.rec, self.builder_
         rank, axis = len(rec.state_shape), rec.axis
-        full_shape = rec.state_shape[:axis] + (rec.length,) + rec.state_shape[axis:]
         lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, self.visit_expr)
         a = self._vectorize(lifter, rec.a, rank - axis)
-        if a is ONE:
-            a = relax.const(np.ones((1,) * (rank + 1), dtype=rec.dtype), rec.dtype)
         b = self._vectorize(lifter, rec.b, rank - axis)
-        if tensor_shape(b) != full_shape:
-            b = bb.emit(relax.op.broadcast_to(b, full_shape))
         outputs = tuple(k for k, need in (("states", plan.need_states), ("last", plan.need_last)) if need)
-        spec = AffineScanSpec.create(full_shape, tensor_shape(a), axis, rec.reverse, rec.initial is not None,
-                                     rec.dtype, outputs)
-        if tensor_shape(a) != spec.a_shape:         # the kernel takes a at b's rank
-            a = bb.emit(relax.op.reshape(a, spec.a_shape))
-        operands = [a, b] + ([self.visit_expr(rec.initial)] if rec.initial is not None else [])
-        scan = bb.emit(make_scan(spec, operands), "scan")
-        outs = {outputs[0]: scan} if len(outputs) == 1 else {
-            k: bb.emit(relax.TupleGetItem(scan, i)) for i, k in enumerate(outputs)}
+        h0 = self.visit_expr(rec.initial) if rec.initial is not None else None
+        outs = emit_affine_scan(bb.emit, None if a is ONE else a, b, h0, rec.state_shape, rec.length,
+                                axis, rec.reverse, outputs)
         for s, uses in plan.external.items():
             if s.same_as(plan.last):
                 self._replace(s, outs["last"])

@@ -66,6 +66,9 @@ class Lifter:
         self.slice_rhos.append(len(tensor_shape(x)) - 1 - axis)
         x = self.leaf(x)
         lo, n = self.window
+        if lo + n > tensor_shape(x)[axis]:
+            raise NotLiftable(f"a slice of steps {lo}..{lo + n - 1} of an axis of length "
+                              f"{tensor_shape(x)[axis]}")
         if (lo, n) != (0, tensor_shape(x)[axis]):
             x = self.emit(relax.op.strided_slice(x, [axis], [lo], [lo + n]))
         if keep:                                 # X[:, t:t+1]: the step keeps a unit dim

@@ -8,10 +8,13 @@ and replaced by ``call_tir`` when lowered.
 import dataclasses
 import json
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+
+from .exprs import tensor_dtype
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
@@ -59,3 +62,35 @@ def parse_scan(expr):
         return None
     *operands, spec_text = expr.args[1:]
     return spec_from_json(kind, spec_text.value), list(operands)
+
+
+def emit_affine_scan(emit, a, b, h0, state_shape, length, axis, reverse, outputs):
+    """The one spec builder: emit the scan ``h = a*h + b`` over whole-sequence coefficients
+    ``a`` (None: 1) and ``b``, time on ``axis`` of ``state_shape`` with ``length`` inserted there,
+    each broadcastable to that shape; ``h0`` None starts from zeros.  Returns ``{kind: expr}``
+    for the ``outputs`` asked (``"states"``, ``"last"``).  A shape or dtype the kernel cannot
+    take raises ``ValueError`` naming the operand."""
+    state_shape, dtype = tuple(state_shape), tensor_dtype(b)
+    full = state_shape[:axis] + (length,) + state_shape[axis:]
+    if a is None:
+        a = relax.const(np.ones((1,) * len(full), dtype=dtype), dtype)
+    for name, x in (("a", a), ("h0", h0)):
+        if x is not None and tensor_dtype(x) not in ("", dtype):
+            raise ValueError(f"{name} is {tensor_dtype(x)}, b is {dtype}")
+    if _static_shape(b) != full:
+        b = emit(relax.op.broadcast_to(b, full))
+    outputs = tuple(k for k in ("states", "last") if k in outputs)
+    spec = AffineScanSpec.create(full, _static_shape(a), axis, reverse, h0 is not None, dtype, outputs)
+    if _static_shape(a) != spec.a_shape:         # the kernel takes a at b's rank
+        a = emit(relax.op.reshape(a, spec.a_shape))
+    scan = emit(make_scan(spec, [a, b] + ([h0] if h0 is not None else [])))
+    if len(outputs) == 1:
+        return {outputs[0]: scan}
+    return {k: emit(relax.TupleGetItem(scan, i)) for i, k in enumerate(outputs)}
+
+
+def _static_shape(x):
+    try:
+        return tuple(int(d) for d in x.ty.shape)
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"needs a static shape, got {x.ty}") from None

@@ -1,12 +1,11 @@
 """ONNX -> Relax, with ONNX ``Scan`` and ``Loop`` recognized as ScanWeaver affine scans.
 
 TVM's relax ONNX frontend has no converter for ``Scan`` or ``Loop``.  A general loop cannot
-run as a parallel scan, but the common recurrence can: one loop-carried state updated as
-``h = a*h + b``, ``a`` and ``b`` elementwise functions of the step's input slices and
-loop-invariant values.  Such a body is lifted from one step to the whole sequence (the same
-elementwise ops on the full inputs, scan axis kept, invariant operands given a unit axis there)
-and becomes one ``make_scan`` call.  Any other body raises ``UnsupportedRecurrence`` (a
-``ValueError``) naming the node and why, before TVM sees it.
+run as a parallel scan, but the common recurrence can: loop-carried states each updated as
+``h = a*h + b``, ``a`` and ``b`` functions of the step's input slices and loop-invariant
+values.  ``onnx_loops`` reads a body with the same affine analysis as the Relax pass and emits
+one scan per state; any other body raises ``UnsupportedRecurrence`` (a ``ValueError``) naming
+the node and why, before TVM sees it.
 
 How it plugs in: TVM keeps its converter table in ``_get_convert_map()``, with no registration
 hook.  ``_Importer`` subclasses TVM's ``ONNXGraphImporter`` and overrides the table's two users:
@@ -25,7 +24,6 @@ import contextlib
 import io
 import sys
 import warnings
-from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -36,16 +34,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from relax_pass.exprs import error_line
-from relax_pass.scan_op import make_scan
 
-from .spec import AffineScanSpec
-
-# Ops that act per element (with broadcasting), so applying them to a whole sequence at once
-# equals applying them slice by slice.  Only these may touch per-step values.
-ELEMENTWISE = frozenset(
-    "Add Sub Mul Div Neg Abs Exp Log Sqrt Reciprocal Pow Sigmoid Tanh Relu LeakyRelu Elu Selu "
-    "Softplus Softsign Erf Sin Cos Max Min Sum Mean Clip Where Cast Identity HardSigmoid".split())
-
+from .onnx_loops import LoopError, convert_loop, convert_scan
 
 class UnsupportedRecurrence(ValueError):
     """A model, Scan or Loop that cannot be converted; the message names it and says why."""
@@ -55,9 +45,6 @@ def _fail(why):
     raise UnsupportedRecurrence(why) from None  # the message says it all; no chained traceback
 
 
-# A state-dependent value a*h + b; a, b: 0, 1, -1 or a term (relax expr, varying), where
-# varying terms are whole sequences in canonical layout (see _Lifter).
-_Aff = namedtuple("_Aff", "a b")
 
 
 def from_onnx(model):
@@ -267,251 +254,51 @@ def _gather_constant_index(data, indices, axis):
                          axis % rank)
 
 
-def _shape(expr, what):
-    try:
-        return tuple(int(d) for d in expr.ty.shape)
-    except (AttributeError, TypeError, ValueError):
-        _fail(f"{what}: needs a static shape, got {expr.ty}")
+class _BodyImporter(_Importer):
+    """The importer of a loop body (``onnx_loops``): each node's result is bound to a var of its
+    own, so ``describe`` can name the body node a var comes from, and the state reads found."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.node_of, self.result = {}, {}    # var name -> (node, op); node -> var
 
-def _const(expr):  # the value of a constant as numpy, else None
-    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
-
-
-def _is(x, k):
-    return isinstance(x, (int, float)) and x == k
-
-
-class _Lifter:
-    """Walks one loop body, tracking which values are a*h + b, per-step (lifted to the whole
-    sequence) or loop-invariant, and emits the scan.  Canonical layout of a whole sequence:
-    the state's shape with the length-L scan axis inserted at ``axis``."""
-
-    def __init__(self, imp, where, h0, length, axis, reverse):
-        self.imp, self.where, self.h0 = imp, where, h0
-        self.length, self.axis, self.reverse = length, axis, reverse
-        self.state_shape, self.dtype = _shape(h0, f"{where}: the initial state"), h0.ty.dtype
-        self.env = {}
-
-    def emit(self, expr):
-        return self.imp.bb.emit(expr) if isinstance(expr, relax.Call) else expr
-
-    def seq(self, x, axis, flip):
-        """The full sequence ``x`` (scan axis ``axis``) in canonical layout."""
-        shape, r = _shape(x, f"{self.where}: a scan input"), len(self.state_shape)
-        if len(shape) - 1 > r:
-            _fail(f"{self.where}: a slice of rank {len(shape) - 1} exceeds the state's rank {r}")
-        if shape[axis] != self.length:  # Loop: only the first M entries are gathered
-            x = self.emit(relax.op.strided_slice(x, [axis], [0], [self.length]))
-        if flip:
-            x = self.emit(relax.op.flip(x, axis))
-        rest, pad = [i for i in range(len(shape)) if i != axis], r + 1 - len(shape)
-        perm = rest[:self.axis] + [axis] + rest[self.axis:]
-        if pad:  # L to the front, slice dims left-padded to the state's rank, L to self.axis
-            x = self.emit(relax.op.permute_dims(x, [axis] + rest)) if axis else x
-            x = self.emit(relax.op.expand_dims(x, list(range(1, 1 + pad))))
-            perm = [*range(1, self.axis + 1), 0, *range(self.axis + 1, r + 1)]
-        if perm != list(range(r + 1)):
-            x = self.emit(relax.op.permute_dims(x, perm))
-        return x
-
-    def lift(self, t):
-        """A number or term as an expr that broadcasts against canonical layout."""
-        if isinstance(t, (int, float)):
-            return relax.const(float(t), self.dtype)
-        expr, varying = t
-        shape, r = _shape(expr, f"{self.where}: a loop-invariant value"), len(self.state_shape)
-        if varying or not shape:
-            return expr
-        if len(shape) > r:
-            _fail(f"{self.where}: a loop-invariant value {shape} outranks the state {self.state_shape}")
-        shape = (1,) * (r - len(shape)) + shape
-        return self.emit(relax.op.reshape(expr, shape[:self.axis] + (1,) + shape[self.axis:]))
-
-    def bin(self, fn, x, y):
-        varying = any(not isinstance(t, (int, float)) and t[1] for t in (x, y))
-        ex, ey = (self.lift(t) if varying or isinstance(t, (int, float)) else t[0] for t in (x, y))
-        return (self.emit(fn(ex, ey)), varying)
-
-    def add(self, x, y, sign):  # x + sign*y, folding zero coefficients
-        if _is(y, 0) or _is(x, 0):
-            return x if _is(y, 0) else self.mul(y, sign)
-        return self.bin(relax.op.add if sign > 0 else relax.op.subtract, x, y)
-
-    def mul(self, x, y):  # folding 0 and 1
-        if _is(x, 0) or _is(y, 0):
-            return 0
-        return y if _is(x, 1) else x if _is(y, 1) else self.bin(relax.op.multiply, x, y)
-
-    def value(self, name, what):
-        if name in self.env or name == "":  # "": an omitted optional input
-            return self.env.get(name)
-        if name in self.imp._nodes:  # outer scope: loop-invariant
-            return (self.imp._nodes[name], False)
-        return _fail(f"{what}: input '{name}' is not defined")
-
-    def walk(self, body):
-        for init in body.initializer:
-            self.env[init.name] = (relax.const(numpy_helper.to_array(init)), False)
-        for node in body.node:
-            what = f"{self.where}: body node '{node.name}' ({node.op_type})"
-            try:
-                out = self.step(node, [self.value(i, what) for i in node.input], what)
-            except UnsupportedRecurrence:
-                raise
-            except Exception as err:  # pylint: disable=broad-except  # a TVM converter failed
-                raise UnsupportedRecurrence(f"{what}: {type(err).__name__}: {err}") from err
-            for name, v in zip(node.output, out if isinstance(out, list) else [out]):
-                self.env[name] = v
-
-    def step(self, node, args, what):
-        op = node.op_type
-        if op == "Identity":
-            return args[0]
-        if op == "Gather" and len(args) == 2 and args[1] == "iter":
-            return self.gather(node, args[0], what)
-        if any(isinstance(a, str) for a in args):
-            _fail(f"{what}: uses the iteration number or condition; only Gather(x, "
-                  "iteration_num) and Identity(cond) are supported")
-        if any(isinstance(a, _Aff) for a in args):
-            return self.affine(op, args, what)
-        varying = any(a is not None and a[1] for a in args)
-        if varying and op not in ELEMENTWISE:
-            _fail(f"{what}: is not elementwise, so it cannot run on the whole sequence at once")
-        exprs = [None if a is None else self.lift(a) if varying else a[0] for a in args]
-        attr = self.imp._parse_attr(node.attribute)
-        attr["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
-        res = self.imp._convert_operator(op, _tvm_onnx.onnx_input(exprs), attr, self.imp.opset)
-        if isinstance(res.ty, relax.TupleType):
-            return [(self.emit(relax.TupleGetItem(res, i)), varying) for i in range(len(res.ty.fields))]
-        return (self.emit(res), varying)
-
-    def affine(self, op, args, what):
-        """Propagate a*h + b through an op with a state-dependent operand, or refuse."""
-        f = [a if isinstance(a, _Aff) else _Aff(0, a) for a in args]
-        if op == "Neg":
-            return _Aff(self.mul(f[0].a, -1), self.mul(f[0].b, -1))
-        if op in ("Add", "Sub") and len(f) == 2:
-            sign = 1 if op == "Add" else -1
-            return _Aff(self.add(f[0].a, f[1].a, sign), self.add(f[0].b, f[1].b, sign))
-        if op == "Mul" and len(args) == 2:
-            if all(isinstance(a, _Aff) for a in args):
-                _fail(f"{what}: multiplies two state-dependent values (state*state, or a "
-                      "coefficient computed from the state): not affine in the state")
-            h, c = args if isinstance(args[0], _Aff) else args[::-1]
-            return _Aff(self.mul(h.a, c), self.mul(h.b, c))
-        if op == "Div" and len(args) == 2 and not isinstance(args[1], _Aff):
-            div = lambda t: t if _is(t, 0) else self.bin(relax.op.divide, t, args[1])  # noqa: E731
-            return _Aff(div(f[0].a), div(f[0].b))
-        return _fail(f"{what}: applies {op} to a state-dependent value; only a*state + b (Add, "
-                     "Sub, Neg, Identity, Mul/Div by state-free values) converts to a scan")
-
-    def gather(self, node, data, what):
-        """Loop: ``Gather(x, iteration_num, axis)`` of an outer tensor is a per-step slice."""
-        if isinstance(data, (_Aff, str)) or data[1]:
-            _fail(f"{what}: gathers from a value computed in the loop")
-        shape = _shape(data[0], what)
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shape)
-        if shape[axis] < self.length:
-            _fail(f"{what}: gathers {self.length} steps from an axis of length {shape[axis]}")
-        return (self.seq(data[0], axis, flip=False), True)
-
-    def scan(self, new_state, collected, outputs):
-        """Emit the scan of body output ``new_state``; the ``collected`` body outputs must be
-        it too, stacked per ``outputs`` (axis, reverse).  Returns the final state, then those."""
-        v = self.value(new_state, self.where)
-        for name in collected:
-            if self.value(name, self.where) is not v:
-                _fail(f"{self.where}: scan output '{name}' is not the new state; only the "
-                      "states themselves can be collected")
-        if isinstance(v, str) or v is None:
-            _fail(f"{self.where}: the new state is not a tensor")
-        v = v if isinstance(v, _Aff) else _Aff(0, v)  # h = b: a is 0
-        full = self.state_shape[:self.axis] + (self.length,) + self.state_shape[self.axis:]
-        a, b = self.lift(v.a), self.lift(v.b)
-        a_shape, b_shape = _shape(a, self.where), _shape(b, self.where)
-        for name, t, shape in (("a", a, a_shape), ("b", b, b_shape)):
-            if t.ty.dtype != self.dtype:
-                _fail(f"{self.where}: {name} is {t.ty.dtype}, the state {self.dtype}")
-            if len(shape) > len(full) or any(m not in (1, n) for m, n in zip(shape[::-1], full[::-1])):
-                _fail(f"{self.where}: {name} of shape {shape} does not broadcast to {full}")
-        if len(a_shape) < len(full):
-            a = self.emit(relax.op.reshape(a, (1,) * (len(full) - len(a_shape)) + a_shape))
-        if b_shape != full:
-            b = self.emit(relax.op.broadcast_to(b, full))
-        kinds = ("states", "last") if outputs else ("last",)
+    def _convert_operator(self, op_name, inputs, attrs, opset):
+        node = attrs["tvm_custom"]["name"]
         try:
-            spec = AffineScanSpec.create(full, _shape(a, self.where), self.axis, self.reverse,
-                                         True, self.dtype, kinds)
-        except ValueError as err:
-            _fail(f"{self.where}: {err}")
-        call = self.emit(make_scan(spec, [a, b, self.h0]))
-        get = {k: call if len(kinds) == 1 else self.emit(relax.TupleGetItem(call, i))
-               for i, k in enumerate(kinds)}
-        results = [get["last"]]
-        for axis, reverse in outputs:
-            y = get["states"]
-            if reverse != self.reverse:  # ONNX stacks by iteration, the scan by position
-                y = self.emit(relax.op.flip(y, self.axis))
-            if axis != self.axis:
-                order = [i for i in range(len(full)) if i != self.axis]
-                y = self.emit(relax.op.permute_dims(y, order[:axis] + [self.axis] + order[axis:]))
-            results.append(y)
-        return results[0] if len(results) == 1 else relax.Tuple(results)
+            res = super()._convert_operator(op_name, inputs, attrs, opset)
+        except (LoopError, UnsupportedRecurrence):
+            raise
+        except Exception as err:  # pylint: disable=broad-except  # a TVM converter failed
+            raise LoopError(f"body node '{node.rsplit('@', 1)[0]}' ({op_name}): TVM cannot convert "
+                            f"it: {_op_error(err)}") from None
+        if isinstance(res, relax.Call) and not isinstance(res.ty, relax.TupleType):
+            res = self.bb.emit(res, f"n{len(self.node_of)}")
+            self.node_of[res.name] = (node, op_name)
+            self.result[node] = res
+        return res
+
+    def describe(self, var):
+        node, op = self.node_of.get(var.name, (None, None))
+        return f"'{var.name}'" if node is None else f"body node '{node.rsplit('@', 1)[0]}' ({op})"
 
 
-def _convert_scan(imp, inputs, attrs, opset, where):
-    """ONNX Scan (opset >= 9) with one state and an affine body."""
-    if opset < 9:
-        _fail(f"{where}: opset {opset} Scan (batch axis, sequence_lens) is not supported")
-    body, m = attrs["body"], attrs["num_scan_inputs"]
-    if len(inputs) - m != 1 or m < 1:
-        _fail(f"{where}: has {len(inputs) - m} loop-carried states and {m} scan inputs; only one "
-              "state (h = a*h + b) over at least one scan input converts to a scan")
-    h0, xs, k = inputs[0], inputs[1:], len(body.output) - 1
-    shapes = [_shape(x, f"{where}: scan input {i}") for i, x in enumerate(xs)]
-    in_axes = [ax % len(s) for ax, s in zip(attrs.get("scan_input_axes", (0,) * m), shapes)]
-    in_dirs = [bool(d) for d in attrs.get("scan_input_directions", (0,) * m)]
-    lengths = {s[ax] for s, ax in zip(shapes, in_axes)}
-    if len(lengths) != 1:
-        _fail(f"{where}: scan inputs differ in length: {sorted(lengths)}")
-    rank = len(_shape(h0, f"{where}: the initial state")) + 1
-    out_axes = [ax % rank for ax in attrs.get("scan_output_axes", (0,) * k)]
-    out_dirs = [bool(d) for d in attrs.get("scan_output_directions", (0,) * k)]
-    axis = out_axes[0] if k else in_axes[0] if len(shapes[0]) == rank else 0
-    lifter = _Lifter(imp, where, h0, lengths.pop(), axis, in_dirs[0])
-    lifter.env[body.input[0].name] = _Aff(1, 0)
-    for i, x in enumerate(xs):
-        lifter.env[body.input[1 + i].name] = (lifter.seq(x, in_axes[i], in_dirs[i] != in_dirs[0]), True)
-    lifter.walk(body)
-    wanted = attrs["tvm_custom"]["num_outputs"] - 1  # trailing outputs may be omitted
-    return lifter.scan(body.output[0].name, [o.name for o in body.output[1:1 + wanted]],
-                       list(zip(out_axes, out_dirs))[:wanted])
+def _op_error(err):
+    """TVM's error without the repr of the op it starts with (``In ir.Op(... long ...), the
+    first input shape ...``)."""
+    line = error_line(err)
+    if line.startswith("In ir.Op(") and "support_level=" in line:
+        name = line.split('name="', 1)[-1].split('"', 1)[0]
+        line = f"{name}: {line.split('support_level=', 1)[1].split(', ', 1)[-1]}"
+    return line
 
 
-def _convert_loop(imp, inputs, attrs, opset, where):  # pylint: disable=unused-argument
-    """ONNX Loop with a constant trip count, no early exit, one state h = a*h + b whose
-    per-step operands are ``Gather(x, iteration_num, axis)`` of outer tensors."""
-    body, trip, cond, states = attrs["body"], _const(inputs[0]), inputs[1], inputs[2:]
-    if len(states) != 1:
-        _fail(f"{where}: has {len(states)} loop-carried states; only one (h = a*h + b) "
-              "converts to a scan")
-    if trip is None or trip.size != 1:
-        _fail(f"{where}: the trip count M must be a constant scalar")
-    if cond is not None and not (_const(cond) is not None and _const(cond).all()):
-        _fail(f"{where}: the loop condition must be absent or constant true")
-    if int(trip.reshape(-1)[0]) < 1:
-        _fail(f"{where}: trip count {trip}; a scan needs at least one step")
-    lifter = _Lifter(imp, where, states[0], int(trip.reshape(-1)[0]), axis=0, reverse=False)
-    lifter.env.update({body.input[0].name: "iter", body.input[1].name: "cond",
-                       body.input[2].name: _Aff(1, 0)})
-    lifter.walk(body)
-    c = lifter.value(body.output[0].name, where)
-    if not (c == "cond" or type(c) is tuple and _const(c[0]) is not None and _const(c[0]).all()):
-        _fail(f"{where}: the body's condition output must be the input condition or constant "
-              "true (no early exit)")
-    collected = [o.name for o in body.output[2:1 + attrs["tvm_custom"]["num_outputs"]]]
-    return lifter.scan(body.output[1].name, collected, [(0, False)] * len(collected))
+def _convert(converter):
+    def convert(imp, inputs, attrs, opset, where):
+        try:
+            return converter(imp, inputs, attrs, opset, where)
+        except LoopError as err:
+            return _fail(str(err))
+    return convert
 
 
-_CONVERTERS = {"Scan": _convert_scan, "Loop": _convert_loop}
+_CONVERTERS = {"Scan": _convert(convert_scan), "Loop": _convert(convert_loop)}

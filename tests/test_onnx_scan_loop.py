@@ -49,14 +49,16 @@ def scan_model(body_nodes, state, xs, *, axes=None, dirs=None, out_axes=None, ou
     return model([scan], [vi("h0", state)] + [vi(f"X{i}", s) for i, s in enumerate(xs)], graph_outs, inits)
 
 
-def check(onnx_model, feeds, expected=None):
+def check(onnx_model, feeds, expected=None, scans=None):
     """Run with onnxruntime (unless ``expected`` is given) and through from_onnx -> LowerScans
-    -> VM; compare every output."""
+    -> VM; compare every output.  ``scans``: how many scans the module must hold (default: some)."""
     if expected is None:
         sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = sess.run(None, feeds)
-    mod = LowerScans("llvm")(from_onnx(onnx_model))
-    assert "scanweaver_scan" in mod.script()
+    imported = from_onnx(onnx_model)
+    found = imported.script().count('"scanweaver.affine_scan"')
+    assert found == scans if scans is not None else found >= 1, found
+    mod = LowerScans("llvm")(imported)
     vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target("llvm")), tvm.cpu())
     names = [i.name for i in onnx_model.graph.input]
     got = vm["main"](*[tvm.runtime.tensor(feeds[n]) for n in names])
@@ -187,7 +189,7 @@ def test_loop(length, cond_out):
     if cond_out == "constant_true":  # the condition output is a Constant node, not Identity(c)
         m.graph.node[0].attribute[0].g.node[-2].CopyFrom(helper.make_node(
             "Constant", [], ["c_out"], name="always", value=numpy_helper.from_array(np.array(True))))
-    check(m, {k: v.astype(np.float32) for k, v in fs.items()})
+    check(m, {k: v.astype(np.float32) for k, v in fs.items()}, scans=1 if length > 1 else 0)
 
 
 def test_loop_fewer_steps_than_rows_final_only():
@@ -205,15 +207,18 @@ def expect_error(onnx_model_or_path, *fragments):
     return info.value
 
 
+AXIS0 = node("Constant", [], ["ax"], name="axis0", value=numpy_helper.from_array(np.int64(0)))
+
+
 @pytest.mark.parametrize("body,fragments", [
     ([node("Tanh", ["h"], ["t"], name="squash"), node("Add", ["t", "x0_t"], ["hn"])],
-     ["the_scan", "'squash' (Tanh)", "applies Tanh"]),
+     ["the_scan", "'squash' (Tanh)", "not affine in state 0"]),
     ([node("Mul", ["h", "h"], ["hh"], name="square"), node("Add", ["hh", "x0_t"], ["hn"])],
-     ["the_scan", "'square' (Mul)", "state-dependent"]),
+     ["the_scan", "'square' (Mul)", "not affine in state 0"]),
     ([node("Sigmoid", ["h"], ["g"], name="gate"), node("Mul", ["g", "h"], ["hn"])],
      ["the_scan", "'gate' (Sigmoid)"]),
-    ([node("ReduceSum", ["x0_t"], ["s"], name="pool", keepdims=1), node("Add", ["h", "s"], ["hn"])],
-     ["the_scan", "'pool' (ReduceSum)", "not elementwise"]),
+    ([AXIS0, node("CumSum", ["x0_t", "ax"], ["s"], name="running"), node("Add", ["h", "s"], ["hn"])],
+     ["the_scan", "'running' (CumSum)", "does not commute with slicing"]),
 ])
 def test_non_affine_bodies(body, fragments, capsys):
     err = expect_error(scan_model(body, [3], [[7, 3]]), *fragments)
@@ -221,22 +226,122 @@ def test_non_affine_bodies(body, fragments, capsys):
     assert "Error converting operator" not in capsys.readouterr().out  # TVM's dump is dropped
 
 
-def test_two_states():
-    body = helper.make_graph([node("Add", ["h", "x"], ["hn"]), node("Add", ["g", "x"], ["gn"])], "body",
-                             [vi("h", [3]), vi("g", [3]), vi("x", [3])], [vi("hn", [3]), vi("gn", [3])])
-    scan = helper.make_node("Scan", ["h0", "g0", "X"], ["hl", "gl"], name="pair", body=body, num_scan_inputs=1)
-    m = model([scan], [vi("h0", [3]), vi("g0", [3]), vi("X", [7, 3])], [vi("hl", [3]), vi("gl", [3])])
-    expect_error(m, "Scan node 'pair'", "2 loop-carried states")
+@pytest.mark.parametrize("length", [1, 9])
+def test_feature_ops_on_slices(length):
+    """Per-step values through ops that act on the feature dims only (a reduction, a MatMul with
+    a weight, a Softmax) run on the whole sequence at once."""
+    rng = np.random.default_rng(length)
+    w = numpy_helper.from_array(rng.standard_normal((3, 3)).astype(np.float32), "w")
+    body = [node("ReduceSum", ["x0_t"], ["s"], name="pool", keepdims=1), node("MatMul", ["x0_t", "w"], ["p"]),
+            node("Softmax", ["p"], ["g"], axis=-1), node("Mul", ["h", "g"], ["hg"]), node("Add", ["hg", "s"], ["hn"])]
+    state, xs = [3], [[length, 3]]
+    check(scan_model(body, state, xs, inits=[w]), feeds(rng, state, xs), scans=1)
 
 
-def test_loop_early_exit_and_non_state_output():
+def two_state_scan(body_nodes, outputs=("hn", "gn")):
+    body = helper.make_graph(body_nodes, "body", [vi("h", [3]), vi("g", [3]), vi("x", [3])],
+                             [vi("hn", [3]), vi("gn", [3])] + [vi(o, [3]) for o in outputs[2:]])
+    scan = helper.make_node("Scan", ["h0", "g0", "X"], ["hl", "gl"] + [f"Y{j}" for j in range(len(outputs) - 2)],
+                            name="pair", body=body, num_scan_inputs=1)
+    return model([scan], [vi("h0", [3]), vi("g0", [3]), vi("X", [7, 3])],
+                 [vi("hl", [3]), vi("gl", [3])] + [vi(f"Y{j}", [7, 3]) for j in range(len(outputs) - 2)])
+
+
+def test_two_states_and_outputs_of_the_states():
+    """Two independent states (an EMA and a running sum) and per-step outputs computed from the
+    new states, the old state and the input: one scan per state."""
+    half = numpy_helper.from_array(np.float32(0.5), "half")
+    body = [node("Constant", [], ["c"], name="c", value=half),
+            node("Mul", ["h", "c"], ["hc"]), node("Add", ["hc", "x"], ["hn"]), node("Add", ["g", "x"], ["gn"]),
+            node("Mul", ["hn", "gn"], ["prod"]), node("Sub", ["h", "x"], ["old"]), node("Tanh", ["hn"], ["th"])]
+    m = two_state_scan(body, ("hn", "gn", "prod", "old", "th"))
+    rng = np.random.default_rng(0)
+    check(m, {n: rng.standard_normal(s).astype(np.float32) for n, s in (("h0", 3), ("g0", 3), ("X", (7, 3)))},
+          scans=2)
+
+
+def test_coupled_states_are_refused():
+    body = [node("Mul", ["g", "h"], ["gh"], name="couple"), node("Add", ["gh", "x"], ["hn"]),
+            node("Add", ["g", "x"], ["gn"])]
+    expect_error(two_state_scan(body), "Scan node 'pair'", "coupled")
+
+
+def onnx_node_tests(monkeypatch, op_type):
+    """The ``onnx`` package's node test cases of ``op_type``, made by its own exporters (its
+    ``collect_testcases`` imports the exporters once per process, so it filters only once)."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    from onnx.backend.test.case import node as cases  # pylint: disable=import-outside-toplevel
+    # (importing the module may run its exporters once, into the package's own lists)
+    exporter = getattr(importlib.import_module(f"onnx.backend.test.case.node.{op_type.lower()}"), op_type)
+    monkeypatch.setattr(cases, "_NodeTestCases", [])
+    monkeypatch.setattr(cases, "_TargetOpType", op_type)
+    monkeypatch.setattr(cases, "_existing_names", {})
+    for name in dir(exporter):
+        if name.startswith("export_"):
+            getattr(exporter, name)()
+    return list(cases._NodeTestCases)  # pylint: disable=protected-access
+
+
+def test_onnx_node_test_scans(monkeypatch):
+    """The ``onnx`` package's own Scan node tests (opset 9: sums, several states, scalars)."""
+    ran = 0
+    for case in onnx_node_tests(monkeypatch, "Scan"):
+        if not case.name.startswith("test_scan9"):
+            continue
+        inputs, outputs = case.data_sets[0]
+        names = [i.name for i in case.model.graph.input]
+        check(case.model, dict(zip(names, inputs)), list(outputs))
+        ran += 1
+    assert ran == 3
+
+
+def test_onnx_loop11_with_constant_trip_count(monkeypatch):
+    """The ``onnx`` package's ``test_loop11`` (``Slice(x, i, i+1)`` of a body Constant, the end
+    computed by ``Add``), with its trip count and condition as initializers (an exporter's
+    constants), against its expected outputs."""
+    case = next(c for c in onnx_node_tests(monkeypatch, "Loop") if c.name == "test_loop11")
+    (trip, cond, y), expected = case.data_sets[0]
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    keep = [i for i in m.graph.input if i.name == m.graph.node[0].input[2]]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    m.graph.initializer.extend([numpy_helper.from_array(trip, m.graph.node[0].input[0]),
+                                numpy_helper.from_array(cond, m.graph.node[0].input[1])])
+    check(m, {keep[0].name: y}, list(expected), scans=1)
+
+
+def test_loop_trip_count_from_shape_and_slice_at_iteration():
+    """``M = Shape(X)[0]``; ``x_i = Slice(X, i, i+1)`` (axis 0) squeezed; h = a*h + x_i."""
+    length = 6
+    body = helper.make_graph(
+        [node("Unsqueeze", ["i", "zero"], ["start"]), node("Add", ["i", "one"], ["i1"]),
+         node("Unsqueeze", ["i1", "zero"], ["end"]), node("Slice", ["X", "start", "end", "zero"], ["xs"], name="step_slice"),
+         node("Squeeze", ["xs", "zero"], ["x_i"]), node("Mul", ["h", "a"], ["ah"]), node("Add", ["ah", "x_i"], ["hn"]),
+         node("Identity", ["c"], ["c_out"]), node("Identity", ["hn"], ["y"])],
+        "body", [vi("i", [], TensorProto.INT64), vi("c", [], TensorProto.BOOL), vi("h", [4])],
+        [vi("c_out", [], TensorProto.BOOL), vi("hn", [4]), vi("y", [4])])
+    nodes = [node("Shape", ["X"], ["shape"]), node("Gather", ["shape", "zero_s"], ["M"], axis=0),
+             helper.make_node("Loop", ["M", "", "h0"], ["h_last", "Y"], name="the_loop", body=body)]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.int64(0), "zero_s"),
+             numpy_helper.from_array(np.int64(1), "one"),
+             numpy_helper.from_array(np.random.default_rng(1).uniform(-1, 1, 4).astype(np.float32), "a")]
+    m = model(nodes, [vi("h0", [4]), vi("X", [length, 4])], [vi("h_last", [4]), vi("Y", [length, 4])], inits)
+    rng = np.random.default_rng(2)
+    check(m, {"h0": rng.standard_normal(4).astype(np.float32), "X": rng.standard_normal((length, 4)).astype(np.float32)},
+          scans=1)
+
+
+def test_loop_early_exit_and_old_state_output():
     body = [node("Mul", ["h", "a_i"], ["ah"]), node("Add", ["b_i", "ah"], ["hn"])]
     m = loop_model(7, body)
     m.graph.node[0].attribute[0].g.node[-2].input[0] = "b_i"  # cond_out = Identity(b_i)
     expect_error(m, "Loop node 'the_loop'", "no early exit")
     m = loop_model(7, body)
     m.graph.node[0].attribute[0].g.node[-1].input[0] = "h"  # collects the old state
-    expect_error(m, "Loop node 'the_loop'", "not the new state")
+    rng = np.random.default_rng(3)
+    fs = {"h0": rng.standard_normal(3), "A": rng.uniform(-1, 1, (7, 3)), "B": rng.standard_normal((3, 7))}
+    check(m, {k: v.astype(np.float32) for k, v in fs.items()}, scans=1)
 
 
 def test_loop_runtime_trip_count_and_iteration_arithmetic():
@@ -247,10 +352,10 @@ def test_loop_runtime_trip_count_and_iteration_arithmetic():
     expect_error(m, "Loop node 'the_loop'", "trip count")
     m = loop_model(7, body)
     g = m.graph.node[0].attribute[0].g
-    g.node[0].input[1] = "i1"  # a_i = A[i + 1]: arithmetic on the iteration number
-    g.node.insert(0, node("Add", ["i", "one"], ["i1"], name="next_step"))
-    m.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
-    expect_error(m, "Loop node 'the_loop'", "'next_step' (Add)", "iteration number")
+    g.node[0].input[1] = "i2"  # a_i = A[2 i]: arithmetic on the iteration number
+    g.node.insert(0, node("Mul", ["i", "two"], ["i2"], name="twice"))
+    m.graph.initializer.append(numpy_helper.from_array(np.array(2, np.int64), "two"))
+    expect_error(m, "Loop node 'the_loop'", "'gather_a_i' (Gather)", "iteration number")
 
 
 def test_bad_files(tmp_path):
