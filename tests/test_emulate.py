@@ -6,7 +6,7 @@ import tvm
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tir_schedules.emulate import emulate_gpu
+from tir_schedules.emulate import BothOrders, emulate_gpu
 
 SYNC = "shared"
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -185,3 +185,33 @@ def test_per_thread_bind_across_barrier_raises():
 
     with pytest.raises(ValueError, match="Bind"):
         emulate_gpu(_kernel(body, [(32,), (32,)], 32, 1))
+
+
+def _neighbour_sum(barrier):
+    """out[tx] = a[tx] + a[tx - 1] through shared memory, with or without the barrier between
+    the writes and the reads: without it, the kernel races."""
+    def body(a, out, bx, tx):
+        sh = T.alloc_shared((32,), "float32")
+        T.buffer_store(sh, a[tx], [tx])
+        if barrier:
+            _sync()
+        T.buffer_store(out, sh[tx] + sh[T.max(tx - 1, 0)], [tx])
+
+    return _kernel(body, [(32,), (32,)], 32, 1)
+
+
+def test_both_thread_orders_agree_with_a_barrier_and_catch_a_missing_one():
+    a = np.random.default_rng(4).standard_normal(32).astype("float32")
+    want = a + a[np.maximum(np.arange(32) - 1, 0)]
+
+    def run(kernel):
+        args = [tvm.runtime.tensor(a, tvm.cpu()), tvm.runtime.tensor(np.full(32, np.nan, "float32"), tvm.cpu())]
+        kernel(*args)
+        return args[1].numpy()
+
+    build = lambda f: tvm.compile(f, target="llvm")  # noqa: E731
+    np.testing.assert_allclose(run(BothOrders(_neighbour_sum(True), build)), want, rtol=1e-6)
+    racy = _neighbour_sum(False)
+    np.testing.assert_allclose(run(build(emulate_gpu(racy))), want, rtol=1e-6)   # forward order hides it
+    with pytest.raises(AssertionError, match="missing barrier"):
+        run(BothOrders(racy, build))

@@ -12,6 +12,8 @@ mask of a shuffle is ignored (all lanes take part).
 
 from __future__ import annotations
 
+import numpy as np
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.ir import Call, TensorLoad, Var
@@ -65,8 +67,8 @@ def _shuffle_source(call: Call, tx):
 class _ThreadScope:
     """Emulation of one `threadIdx.x` launch: barrier-free stretches become serial thread loops."""
 
-    def __init__(self, tx: Var, num_threads):
-        self.tx, self.nt = tx, num_threads
+    def __init__(self, tx: Var, num_threads, reverse: bool = False):
+        self.tx, self.nt, self.reverse = tx, num_threads, reverse
         self.allocs: list = []  # hoisted AllocBuffers, emitted once per block
         self.per_thread: dict = {}  # local buffer -> (num_threads, *shape) buffer
         self.thread_vars = {tx}  # values that differ between threads
@@ -91,19 +93,21 @@ class _ThreadScope:
                          or _op_name(x) in _SHUFFLES)
 
     def stretch(self, stmt: tirx.Stmt) -> tirx.Stmt:
-        """`for tx in range(num_threads): stmt`, with per-thread buffers indexed by tx."""
+        """`for tx in range(num_threads): stmt` (or from the last thread down, `reverse`), with
+        per-thread buffers indexed by tx."""
         t = Var("tx", self.tx.ty)
+        tid = self.nt - 1 - t if self.reverse else t
 
         def load(ld):
             new = self.per_thread.get(ld.source)
-            return ld if new is None else tirx.BufferLoad(new, [t, *ld.indices])
+            return ld if new is None else tirx.BufferLoad(new, [tid, *ld.indices])
 
         def store(st):
             new = self.per_thread.get(st.buffer)
-            return st if new is None else tirx.BufferStore(new, st.value, [t, *st.indices])
+            return st if new is None else tirx.BufferStore(new, st.value, [tid, *st.indices])
 
         body = tvm_ffi.structural_map(stmt, [
-            (Var, lambda v: t if v.same_as(self.tx) else v),
+            (Var, lambda v: tid if v.same_as(self.tx) else v),
             (TensorLoad, load), (tirx.BufferStore, store)])
         return _serial(t, self.nt, body)
 
@@ -182,13 +186,18 @@ class _ThreadScope:
         return [self.stretch(_seq(stage)), self.stretch(read)]
 
 
-def emulate_gpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def emulate_gpu(func: tirx.PrimFunc, reverse_threads: bool = False) -> tirx.PrimFunc:
     """CPU PrimFunc that runs the GPU kernel `func` block by block and phase by phase.
 
     blockIdx.x/.y launches become serial loops; the threadIdx.x launch is cut at barriers
     (`tvm_storage_sync`) and warp shuffles into serial loops over threads; shared buffers become
     one global-scope buffer per block, local ones one row per thread. Raises ValueError for
     barriers or shuffles under thread-dependent control flow (a kernel bug).
+
+    `reverse_threads` runs each barrier-free stretch from the last thread to the first. A
+    race-free kernel computes the same either way; one that reads another thread's write without
+    a barrier between them sees the new value in one order and the old in the other, so running
+    both orders and comparing catches a missing barrier (`emulate_both_orders`).
     """
     shared = {}
 
@@ -210,7 +219,7 @@ def emulate_gpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z"):
             return _serial(iv.var, attr.value, attr.body)
         if tag == "threadIdx.x":
-            return _ThreadScope(iv.var, attr.value).run(attr.body)
+            return _ThreadScope(iv.var, attr.value, reverse_threads).run(attr.body)
         raise ValueError(f"emulate_gpu cannot emulate a {tag} launch")
 
     def active_mask(c):  # every lane takes part
@@ -223,3 +232,23 @@ def emulate_gpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
         raise ValueError("barrier or warp shuffle outside a threadIdx.x launch")
     out = func.with_body(body)
     return out.without_attr("target") if func.attrs and "target" in func.attrs else out
+
+
+class BothOrders:
+    """A GPU kernel emulated twice, threads in forward and in reverse order (see `emulate_gpu`),
+    called like a compiled kernel: both run on copies of the same arguments, must agree bit for
+    bit (else AssertionError: a race, such as a missing barrier), and the forward run's results
+    are written back."""
+
+    def __init__(self, func: tirx.PrimFunc, build):
+        self.forward = build(emulate_gpu(func))
+        self.backward = build(emulate_gpu(func, reverse_threads=True))
+
+    def __call__(self, *args):
+        copies = [tvm.runtime.tensor(a.numpy(), a.device) for a in args]
+        self.forward(*args)
+        self.backward(*copies)
+        for i, (x, y) in enumerate(zip(args, copies)):
+            if not np.array_equal(x.numpy(), y.numpy(), equal_nan=True):
+                raise AssertionError(f"argument {i} differs between the forward and the reverse thread "
+                                     "order: a race between threads (a missing barrier?)")
