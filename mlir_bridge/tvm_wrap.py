@@ -10,6 +10,8 @@ codegen, it stays serialized until the library is loaded on a machine with a GPU
 live CUDA module needs ``libcuda``). A host PrimFunc launches its kernels by name, the way
 TVM's split host code does; the device module rides in ``external_mods`` into the executable.
 """
+import threading
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -93,22 +95,45 @@ def _kernel_stub(kernel, target):
     return ib.get()
 
 
+_HOOKS = ("tvm_callback_cuda_compile", "tvm_callback_cuda_postproc")
+_HOOK_LOCK = threading.Lock()    # one build at a time answers TVM's hooks with its PTX
+
+
 def device_module(art, target):
-    """A ``cuda`` runtime module holding the artifact's PTX, built by TVM's CUDA build."""
+    """A ``cuda`` runtime module holding the artifact's PTX, built by TVM's CUDA build.
+
+    TVM asks process-global hooks for the compiled code.  They are swapped for the build only,
+    under a lock (two of our builds never share them), and answer only on the thread that
+    builds: any other thread's CUDA build meanwhile gets the hooks it had (the code unchanged,
+    for a missing postproc hook).  Restored afterwards, also when the build fails."""
     stubs = tvm.IRModule({k.name: _kernel_stub(k, target) for k in art.kernels})
-    hooks = ("tvm_callback_cuda_compile", "tvm_callback_cuda_postproc")
-    saved = {h: tvm.get_global_func(h, allow_missing=True) for h in hooks}
     source = "// ScanWeaver MLIR kernels: PTX from mlir-opt --gpu-lower-to-nvvm-pipeline\n" + art.ptx
-    tvm_ffi.register_global_func(hooks[0], lambda *_: art.ptx.encode(), override=True)
-    tvm_ffi.register_global_func(hooks[1], lambda *_: source, override=True)
-    try:
-        return tvm.get_global_func("target.build.cuda")(stubs, target)
-    finally:
-        for hook, func in saved.items():
-            if func is not None:
-                tvm_ffi.register_global_func(hook, func, override=True)
-            else:
-                tvm_ffi.remove_global_func(hook)
+    ours = {_HOOKS[0]: lambda *_: art.ptx.encode(), _HOOKS[1]: lambda *_: source}
+    with _HOOK_LOCK:
+        saved = {h: tvm.get_global_func(h, allow_missing=True) for h in _HOOKS}
+        builder = threading.get_ident()
+        for hook in _HOOKS:
+            tvm_ffi.register_global_func(hook, _only_on(builder, ours[hook], saved[hook], hook), override=True)
+        try:
+            return tvm.get_global_func("target.build.cuda")(stubs, target)
+        finally:
+            for hook, func in saved.items():
+                if func is not None:
+                    tvm_ffi.register_global_func(hook, func, override=True)
+                else:
+                    tvm_ffi.remove_global_func(hook)
+
+
+def _only_on(thread, ours, theirs, hook):
+    def answer(*args):
+        if threading.get_ident() == thread:
+            return ours(*args)
+        if theirs is not None:
+            return theirs(*args)
+        if hook == _HOOKS[1]:
+            return args[0]                  # no postproc: the code as it is
+        raise RuntimeError(f"{hook} is not registered")
+    return answer
 
 
 def _dims(value, env):

@@ -8,6 +8,7 @@ import tvm
 from tvm import relax, tirx
 
 import scanweaver_tvm as sw
+import mlir_bridge
 from mlir_bridge import tvm_wrap
 from relax_pass.scan_op import make_scan
 from scanweaver_tvm import models
@@ -173,3 +174,46 @@ def test_cuda_executable_carries_checked_ptx(factory, kwargs, tmp_path):
     ex.export_library(str(path))
     blob = path.read_bytes()
     assert all(name.encode() in blob for name in kernels)  # the PTX travels in the library
+
+
+def test_cuda_hooks_answer_only_the_building_thread(monkeypatch):
+    """TVM's CUDA compile hooks are process-global.  While our build has them swapped, another
+    thread asking them gets its own hook's answer, never our PTX; two of our builds in a row
+    each carry their own PTX; afterwards the user's hook is back, also after a failing build."""
+    import threading
+
+    import tvm_ffi
+    art = mlir_bridge.cuda_ptx(AffineScanSpec.create((2, 64), axis=1), arch="sm_90")
+    second = mlir_bridge.cuda_ptx(AffineScanSpec.create((3, 64), axis=1, reverse=True), arch="sm_90")
+    target = tvm.target.Target(cuda_check.SM90)
+    hook, get = "tvm_callback_cuda_compile", tvm.get_global_func
+    original, seen = get(hook, allow_missing=True), {}
+
+    def build_with_a_neighbour(mod, tgt):        # another thread compiles CUDA meanwhile
+        other = threading.Thread(target=lambda: seen.update(other=get(hook)("__global__ void k() {}", tgt)))
+        other.start()
+        other.join()
+        seen["ours"] = get(hook)("", tgt)
+        return get("target.build.cuda")(mod, tgt)
+
+    def failing_build(mod, tgt):
+        raise RuntimeError("build failed")
+
+    tvm_ffi.register_global_func(hook, lambda code, tgt: b"users-own-compiler:" + code.encode(), override=True)
+    try:
+        for fake in (build_with_a_neighbour, failing_build):
+            monkeypatch.setattr(tvm_wrap.tvm, "get_global_func",
+                                lambda name, fake=fake, **kw: fake if name == "target.build.cuda" else get(name, **kw))
+            try:
+                tvm_wrap.device_module(art, target)
+            except RuntimeError as err:
+                assert fake is failing_build and "build failed" in str(err)
+            monkeypatch.undo()
+            assert get(hook)("x", target) == b"users-own-compiler:x"
+        assert seen == {"other": b"users-own-compiler:__global__ void k() {}", "ours": art.ptx.encode()}
+        for a in (art, second):
+            (text,) = cuda_check.module_ptx(tvm_wrap.device_module(a, target))
+            assert text.endswith(a.ptx) and a.kernels[0].name in text
+    finally:
+        if original is not None:
+            tvm_ffi.register_global_func(hook, original, override=True)
