@@ -115,7 +115,7 @@ def search_run(task, method, seed, trials, model_path, target):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="bench/data/tuning_dataset.json.gz")
-    ap.add_argument("--model", default="bench/data/world_model.pt")
+    ap.add_argument("--model", default="tir_schedules/world_model/pretrained.pt")
     ap.add_argument("--out", default="bench/out/search_eval")
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=2)

@@ -37,13 +37,13 @@ def scan_specs(mod):
     return specs
 
 
-# weights pretrained by ``python -m tir_schedules.world_model.pretrain`` (``make bench-dataset``)
-PRETRAINED_WORLD_MODEL = Path(__file__).resolve().parents[1] / "bench" / "data" / "world_model.pt"
+# weights pretrained by ``python -m tir_schedules.world_model.pretrain``, inside the package
+PRETRAINED_WORLD_MODEL = Path(__file__).resolve().parents[1] / "tir_schedules" / "world_model" / "pretrained.pt"
 
 
 def world_cost_model(path=None):
     """The latent-dynamics cost model (``tir_schedules.world_model``), loaded from ``path``;
-    by default the pretrained weights in ``bench/data`` (untrained when they are absent)."""
+    by default the pretrained weights shipped with it (untrained when they are absent)."""
     try:
         from tir_schedules.world_model import WorldModelCostModel
     except ImportError as err:

@@ -173,3 +173,17 @@ def test_world_cost_model_defaults_to_the_pretrained_weights():
     untrained = WorldModelCostModel(seed=1).net.state_dict()
     assert all(torch.equal(default[k], pretrained[k]) for k in default)
     assert not all(torch.equal(default[k], untrained[k]) for k in default)
+
+
+def test_pretrained_weights_ship_inside_the_package():
+    """The weights are package data of ``tir_schedules.world_model`` (a wheel carries them), not
+    a file of the source tree's ``bench/``."""
+    import tomllib
+    from pathlib import Path
+
+    from tir_schedules import world_model
+    from scanweaver_tvm.tuning import PRETRAINED_WORLD_MODEL
+    assert PRETRAINED_WORLD_MODEL == world_model.PRETRAINED
+    assert world_model.PRETRAINED.parent == Path(world_model.__file__).resolve().parent
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "*.pt" in config["tool"]["setuptools"]["package-data"]["tir_schedules.world_model"]

@@ -10,6 +10,12 @@ a learned latent space (arXiv 2606.09312), not by featurizing each scheduled pro
 - ``dataset``/``workloads``: tuning records and the tasks they come from;
 - ``measure``: in-process builder/runner; ``metrics``: Kendall tau, top-k recall.
 """
+from pathlib import Path
+
 from .cost_model import WorldModelCostModel
 
-__all__ = ["WorldModelCostModel"]
+# weights pretrained by ``python -m tir_schedules.world_model.pretrain`` (``make bench-dataset``),
+# shipped inside the package
+PRETRAINED = Path(__file__).resolve().parent / "pretrained.pt"
+
+__all__ = ["WorldModelCostModel", "PRETRAINED"]

@@ -1,11 +1,12 @@
 """Pretrain the world model on a dataset's training tasks: ``python -m tir_schedules.world_model.pretrain``.
 
 Fits the state normalization on the training tasks' initial programs, then runs the ranking
-training (``train.fit``) and saves the weights (default ``bench/data/world_model.pt``).
+training (``train.fit``) and saves the weights (default: the package's ``pretrained.pt``).
 """
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +27,7 @@ def pretrain(tasks, steps=800, seed=0, lr=3e-3, hidden=64):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="bench/data/tuning_dataset.json.gz")
-    ap.add_argument("--out", default="bench/data/world_model.pt")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "pretrained.pt"))
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
