@@ -121,7 +121,7 @@ def _reading(an, body, i):
     r = Affine(None, None) if n.same_as(h) else affine_in(an.value, an.position, n, h, BODY_BUDGET)
     if isinstance(r, NotAffine):
         raise BodyError(f"{body.describe(r.var)} is not affine in state {i} ({r.op}); only "
-                        "h = a*h + b, a and b free of the state, converts to a scan")
+                        "h = a*h + b, a and b free of the state, elementwise, converts to a scan")
     if r is FREE:                                   # h = b, whatever h was
         r = Affine(relax.const(0.0, tensor_dtype(n)), n)
     for j, p in enumerate(body.prev):
