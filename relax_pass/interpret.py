@@ -14,7 +14,7 @@ from tvm import relax
 from scanweaver_tvm import reference
 from scanweaver_tvm.spec import AffineScanSpec
 
-from .exprs import call_args, op_name
+from .exprs import VarMap, call_args, op_name
 from .scan_op import parse_scan
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -99,7 +99,10 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     if name == "nn.softplus":
         return _softplus(args[0], float(a.beta), float(a.threshold))
     if name == "take":
-        return np.take(args[0], args[1].astype(np.int64), axis=int(a.axis))
+        axis, index = int(a.axis) % args[0].ndim, np.asarray(args[1])
+        if index.ndim == 0:      # one slice: a view (np.take would copy through its general path)
+            return args[0][(slice(None),) * axis + (int(index),)]
+        return np.take(args[0], index.astype(np.int64), axis=axis)
     if name == "strided_slice":
         x, axes = args[0], _ints(call.args[1])
         begin, end = _ints(call.args[2]), _ints(call.args[3])
@@ -207,11 +210,13 @@ class Interpreter:
     ``env`` holds the given inputs (var -> array).  Results are memoized per var."""
 
     def __init__(self, value_of, missing=None, shared=None, opaque=(), ops=None):
-        self.value_of, self.memo = value_of, {}
+        self.value_of = value_of if isinstance(value_of, VarMap) else VarMap(value_of)
+        self.memo = VarMap()
         self.ops = ops              # the op names it may evaluate (None: all it knows)
         self.missing = missing      # var -> value for unbound vars (parameters), else Unsupported
         self.shared = shared        # var -> value or None: values taken from elsewhere
-        self.opaque = opaque        # vars whose unsupported ops read as ``missing`` (probe inputs)
+        # vars whose unsupported ops read as ``missing`` (probe inputs)
+        self.opaque = opaque if isinstance(opaque, VarMap) else VarMap((v, True) for v in opaque)
 
     def __call__(self, expr):
         stack = [expr]

@@ -15,6 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from .exprs import VarMap
 from .interpret import Interpreter, Unsupported, random_input
 
 RTOL = 1e-6
@@ -26,7 +27,7 @@ class ValidationFailed(Exception):
 
 
 def _values(func):
-    return {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
+    return VarMap((b.var, b.value) for blk in func.body.blocks for b in blk.bindings)
 
 
 def _type_text(ty):
@@ -52,7 +53,7 @@ def _probe(old_values, new_values, same, replaced, scale, seed):
     computed from them.  A value bound identically on both sides is computed once (on the
     original side) and shared, so the two sides always see consistent inputs."""
     rng = np.random.default_rng(seed)
-    leaves = {}
+    leaves = VarMap()
 
     def leaf(var):
         if var not in leaves:
@@ -67,8 +68,8 @@ def _probe(old_values, new_values, same, replaced, scale, seed):
 def check_values(old_func, new_func, replaced, seed=0):
     """(b): both sides agree on probe inputs."""
     old_values, new_values = _values(old_func), _values(new_func)
-    same = {v for v, val in old_values.items() if v in new_values and new_values[v].same_as(val)}
-    params = set(new_func.params)
+    same = VarMap((v, True) for v, val in old_values.items() if v in new_values and new_values[v].same_as(val))
+    params = VarMap((p, True) for p in new_func.params)
     # a replacement nobody reads was pruned with the dead steps: nothing to compare
     replaced = [(v, n) for v, n in replaced if not isinstance(n, relax.Var) or n in new_values or n in params]
     try:
