@@ -10,7 +10,7 @@ This measures by how much, as L grows, for the coefficient regimes models use.
 
 Metric (``lane_errors``): per lane (one independent recurrence, or one (batch, channel) of
 the selective scan's output) ``e = max_t |y_t - y64_t| / max_t |y64_t|``, where ``y64`` is
-``scanweaver_tvm.reference`` in float64 on the same float32-rounded inputs; a run reports the
+``scanweaver_core.reference`` in float64 on the same float32-rounded inputs; a run reports the
 max and the median of ``e`` over lanes.  The ratio to the sequential float32 loop (numpy, one
 rounding per multiply and per add, same inputs) is ``e_real / max(e_seq, 2**-24)``: the floor
 keeps L=1 (both exact) from dividing by zero.  Target: ratio <= 4 under |a| <= 1.
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from scanweaver_tvm import reference
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 U32 = 2.0 ** -24                        # float32 unit roundoff: the ratio's floor
 TARGET_RATIO = 4.0

@@ -49,7 +49,7 @@ def ours(spec_kind, arrays, realization="tir"):
     except (ImportError, AttributeError) as e:
         return f"the {realization} realization is not available ({e})"
     import tvm
-    from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+    from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
     if spec_kind == "plain":
         a, b = arrays

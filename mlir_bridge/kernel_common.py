@@ -8,7 +8,7 @@ barrier except in workgroup memory.
 from dataclasses import dataclass
 from typing import Callable
 
-from scanweaver_tvm.algebra import IDENTITY
+from scanweaver_core.algebra import IDENTITY
 
 from . import emit
 from .emit import MLIR_DTYPES, memref_type
@@ -64,7 +64,7 @@ def workgroup_buffer(b, globals_, name, size):
 
 
 def compose(b, first, second):
-    """(a2*a1, a2*u1 + u2): ``first`` then ``second`` (scanweaver_tvm.algebra.compose)."""
+    """(a2*a1, a2*u1 + u2): ``first`` then ``second`` (scanweaver_core.algebra.compose)."""
     (a1, u1), (a2, u2) = first, second
     return b.mul(a2, a1), b.add(b.mul(a2, u1), u2)
 

@@ -4,7 +4,7 @@ Each operand is (name, shape, dtype); a ``None`` extent is the symbolic length L
 every stage, the kernels, the launch descriptions and the ctypes caller, so the order is
 written once.
 """
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 
 def operands(spec):

@@ -2,7 +2,7 @@
 ``(A2,U2) o (A1,U1) = (A2*A1, A2*U1 + U2)`` (``@scanweaver_combine``), then prefixes applied to h0."""
 from dataclasses import dataclass
 
-from scanweaver_tvm.algebra import IDENTITY
+from scanweaver_core.algebra import IDENTITY
 
 from . import emit
 from .dialect import combine_func, stage_module, verify

@@ -2,7 +2,7 @@
 function spelled out as ``@scanweaver_step``."""
 from dataclasses import dataclass
 
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec
 
 from . import emit
 from .dialect import scalar_func, stage_module, verify

@@ -75,7 +75,7 @@ def cpu_primfunc(spec):
 def build_cpu(spec, target="llvm"):
     """``cpu_primfunc`` compiled by TVM alone (function ``scanweaver_scan``): the MLIR route's
     counterpart of ``tir_schedules.build``, for benchmarks and kernel-level tests."""
-    from scanweaver_tvm.targets import resolve_target
+    from scanweaver_core.targets import resolve_target
 
     func = cpu_primfunc(spec)
     return tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target=resolve_target(target)).mod

@@ -23,10 +23,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .affine import FREE, Affine, NotAffine, affine_in
-from .exprs import VarMap, error_line, tensor_dtype, tensor_shape
+from scanweaver_core.affine import FREE, Affine, NotAffine, affine_in
+from scanweaver_core.exprs import VarMap, error_line, tensor_dtype, tensor_shape
 from .lift import Lifter, NotLiftable, dims_after_time
-from .scan_op import emit_affine_scan
+from scanweaver_core.scan_op import emit_affine_scan
 from .steps import Analysis
 
 BODY_BUDGET = 100_000       # bindings one reading may visit: a body is one step, however long

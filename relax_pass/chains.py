@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .exprs import VarMap, error_line
+from scanweaver_core.exprs import VarMap, error_line
 from .lift import Lifter, NotLiftable, dims_after_time
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
 

@@ -8,10 +8,10 @@ inclusive form with an unchanged dtype and static shapes is rewritten.
 import numpy as np
 from tvm import relax
 
-from scanweaver_tvm.spec import SUPPORTED_DTYPES, AffineScanSpec
+from scanweaver_core.spec import SUPPORTED_DTYPES, AffineScanSpec
 
 from .chains import Recurrence
-from .scan_op import make_scan
+from scanweaver_core.scan_op import make_scan
 from .steps import op_name, tensor_dtype, tensor_shape
 
 KINDS = {"relax.cumsum": "cumsum", "relax.cumprod": "cumprod"}

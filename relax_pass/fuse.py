@@ -13,14 +13,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm.spec import SUPPORTED_DTYPES
+from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
-from .exprs import error_line
+from scanweaver_core.exprs import error_line
 from .interpret import Interpreter, Unsupported
 from .lift import Lifter
-from .scan_op import emit_affine_scan, make_scan
+from scanweaver_core.scan_op import emit_affine_scan, make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
 from .validate import validate

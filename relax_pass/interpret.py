@@ -11,11 +11,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm import reference
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core import reference
+from scanweaver_core.spec import AffineScanSpec
 
-from .exprs import VarMap, call_args, op_name
-from .scan_op import parse_scan
+from scanweaver_core.exprs import VarMap, call_args, op_name
+from scanweaver_core.scan_op import parse_scan
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

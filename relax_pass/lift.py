@@ -12,7 +12,7 @@ on the per-step dims.  Any other op raises ``NotLiftable`` naming it.
 import tvm
 from tvm import relax
 
-from .exprs import VarMap, op_name, tensor_shape
+from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
 
 class NotLiftable(Exception):

@@ -13,7 +13,7 @@ from tvm import relax
 
 import tir_schedules
 
-from .scan_op import output_types, parse_scan
+from scanweaver_core.scan_op import output_types, parse_scan
 
 REALIZATIONS = ("tir", "mlir")
 

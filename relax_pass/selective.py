@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm.spec import SelectiveScanSpec
+from scanweaver_core.spec import SelectiveScanSpec
 
 from .npeval import SUPPORTED, evaluate, inputs, multiply_factors, viewed_tensor
 from .steps import op_name, tensor_dtype, tensor_shape

@@ -15,7 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .exprs import VarMap
+from scanweaver_core.exprs import VarMap
 from .interpret import Interpreter, Unsupported, random_input
 
 RTOL = 1e-6

@@ -177,7 +177,7 @@ def _existing_scans(mod):
     """Scans already in the module (the ONNX importer makes Scan/Loop into scans directly)."""
     from tvm import relax
 
-    from relax_pass.scan_op import parse_scan
+    from scanweaver_core.scan_op import parse_scan
 
     found = []
     for gvar, func in mod.functions_items():
@@ -192,7 +192,7 @@ def _existing_scans(mod):
 
 
 def _spec_line(function, var, spec, origin):
-    from scanweaver_tvm.spec import AffineScanSpec
+    from scanweaver_core.spec import AffineScanSpec
 
     if isinstance(spec, AffineScanSpec):
         shape = "x".join(str(d) for d in spec.state_shape) or "scalar"

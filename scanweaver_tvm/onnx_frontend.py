@@ -33,7 +33,7 @@ from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
-from relax_pass.exprs import error_line
+from scanweaver_core.exprs import error_line
 
 from .onnx_loops import LoopError, convert_loop, convert_scan
 

@@ -13,7 +13,7 @@ from tvm import relax
 import tir_schedules
 from tir_schedules import search
 
-from .spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 COST_MODELS = ("xgb", "world", "random")
 
@@ -21,7 +21,7 @@ COST_MODELS = ("xgb", "world", "random")
 def scan_specs(mod):
     """The distinct scan specs of a Relax module, after ``FuseAffineRecurrences``, in order."""
     from relax_pass.fuse import FuseAffineRecurrences
-    from relax_pass.scan_op import parse_scan
+    from scanweaver_core.scan_op import parse_scan
 
     fused = FuseAffineRecurrences()(mod)
     specs = []

@@ -9,7 +9,7 @@ import pytest
 import tvm
 
 import tir_schedules
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec
 from tir_schedules.emulate import BothOrders
 
 from harness import check_plain

@@ -16,7 +16,7 @@ from tvm import relax
 import scanweaver_tvm as sw
 from scanweaver_tvm import cli, reference
 from scanweaver_tvm.onnx_frontend import UnsupportedRecurrence
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 

@@ -5,7 +5,7 @@ What this cannot show is the kernels running on a GPU: bench/gpu/ does that on a
 import pytest
 
 import tir_schedules
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 from tir_schedules import cuda_check
 
 SHARED_LIMIT = 48 * 1024

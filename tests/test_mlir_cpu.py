@@ -7,7 +7,7 @@ import pytest
 
 import mlir_bridge
 from harness import assert_close, plain_expected, plain_operands
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 LENGTHS = [1, 2, 3, 31, 1000, 1025]
 CASES = [  # shape, a_shape, axis, reverse, h0, dtype, outputs (as test_affine_realizations)
@@ -152,7 +152,7 @@ def test_cpu_route_leaves_no_temporary_folders(tmp_path, monkeypatch):
     """Code review: each build left a ``scanweaver_mlir_*`` folder behind."""
     import tempfile
 
-    from scanweaver_tvm.spec import AffineScanSpec as Spec
+    from scanweaver_core.spec import AffineScanSpec as Spec
 
     import mlir_bridge.native
 

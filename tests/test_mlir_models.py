@@ -10,10 +10,10 @@ from tvm import relax, tirx
 import scanweaver_tvm as sw
 import mlir_bridge
 from mlir_bridge import tvm_wrap
-from relax_pass.scan_op import make_scan
+from scanweaver_core.scan_op import make_scan
 from scanweaver_tvm import models
-from scanweaver_tvm.reference import affine_scan
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.reference import affine_scan
+from scanweaver_core.spec import AffineScanSpec
 from tir_schedules import cuda_check
 
 from harness import assert_outputs_match, run_model, torch_outputs

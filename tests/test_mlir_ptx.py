@@ -5,7 +5,7 @@ import re
 import pytest
 
 import mlir_bridge
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 SPECS = [AffineScanSpec.create((2, None), (2, None), axis=1, reverse=True, has_h0=True,
                                outputs=("states", "last")),

@@ -6,7 +6,7 @@ import pytest
 
 import mlir_bridge
 from mlir_bridge import dialect, tools
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 NAMES = ["scanweaver.scan", "affine_scan", "assoc_scan", "blelloch", "gpu", "cpu", "llvm"]
 

@@ -6,7 +6,7 @@ import tvm
 
 from harness import NP_DTYPES, assert_close, run
 from scanweaver_tvm import reference as ref
-from scanweaver_tvm.spec import SelectiveScanSpec
+from scanweaver_core.spec import SelectiveScanSpec
 from tir_schedules import selective_cpu, selective_gpu
 from tir_schedules.cuda_check import check_kernel
 from tir_schedules.emulate import BothOrders

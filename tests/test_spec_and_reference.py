@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from scanweaver_tvm import reference as ref
-from scanweaver_tvm.algebra import IDENTITY, apply, compose
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.algebra import IDENTITY, apply, compose
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 
 def test_compose_is_associative_with_identity():

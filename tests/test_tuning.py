@@ -16,7 +16,7 @@ from tvm.s_tir import meta_schedule as ms
 import scanweaver_tvm as sw
 import tir_schedules
 from harness import check_plain, plain_expected, plain_operands
-from relax_pass.scan_op import make_scan
+from scanweaver_core.scan_op import make_scan
 from scanweaver_tvm import AffineScanSpec, SelectiveScanSpec
 from test_selective import check as check_selective
 from tir_schedules import search

@@ -6,8 +6,8 @@ first that applies, in order of preference, unless a schedule is named.
 """
 import tvm
 
-from scanweaver_tvm.spec import AffineScanSpec
-from scanweaver_tvm.targets import host_target, resolve_target  # noqa: F401 (part of this API)
+from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
 from . import cpu, gpu_blelloch, gpu_chunked, gpu_warp, selective_cpu, selective_gpu
 

@@ -10,8 +10,8 @@ tiles, so any L works.  Work-efficient (O(L) composes) with O(log tile) barriers
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.algebra import IDENTITY, apply, compose
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.algebra import IDENTITY, apply, compose
+from scanweaver_core.spec import AffineScanSpec
 
 from .layout import build_plain, named
 

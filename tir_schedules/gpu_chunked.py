@@ -9,8 +9,8 @@ passes instead of 3) to buy ``chunks`` times more parallelism.
 """
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.algebra import IDENTITY, apply, compose
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.algebra import IDENTITY, apply, compose
+from scanweaver_core.spec import AffineScanSpec
 
 from .gpu_warp import WARP, WarpTileScan, set_pair
 from .layout import build_plain, named

@@ -10,8 +10,8 @@ per tile instead of the Blelloch tree's 4*log2(tile).
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.algebra import IDENTITY, apply, compose
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.algebra import IDENTITY, apply, compose
+from scanweaver_core.spec import AffineScanSpec
 
 from .layout import build_plain, named
 

@@ -10,7 +10,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec
 
 
 def _merge(dims):

@@ -19,8 +19,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.algebra import apply
-from scanweaver_tvm.spec import SelectiveScanSpec
+from scanweaver_core.algebra import apply
+from scanweaver_core.spec import SelectiveScanSpec
 
 NAME = "selective_cpu"
 TARGET = "cpu"

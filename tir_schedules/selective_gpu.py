@@ -21,8 +21,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.algebra import IDENTITY, apply, compose
-from scanweaver_tvm.spec import SelectiveScanSpec
+from scanweaver_core.algebra import IDENTITY, apply, compose
+from scanweaver_core.spec import SelectiveScanSpec
 
 from .gpu_warp import barrier, set_pair
 from .selective_cpu import F32, LOG2E, bc_index, declare, stage_delta, stage_output

@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 import tir_schedules
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 from tir_schedules import cuda_check
 
 from ..scan import PLAIN_SHAPE, SELECTIVE_SHAPE, SWEEP

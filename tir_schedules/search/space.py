@@ -15,7 +15,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
 
 import tir_schedules
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec
 
 from .workload import BLOCK, workload_spec
 

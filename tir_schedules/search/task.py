@@ -18,7 +18,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from scanweaver_tvm.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec
 
 from .builder import scan_builder
 from .features import RealizedFeatures

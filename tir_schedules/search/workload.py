@@ -15,7 +15,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
 
 BLOCK = "scan"
 SPEC_ATTR = "scanweaver.spec"

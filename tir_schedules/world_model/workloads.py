@@ -22,7 +22,7 @@ def _layernorm(m, n):
 
 
 def _scan_spec(family, params):
-    from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+    from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
     if family == "scan_affine":
         return AffineScanSpec.create(tuple(params["shape"]), axis=params.get("axis", -1))
     return SelectiveScanSpec(**params)

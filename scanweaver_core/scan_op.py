@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_tvm.spec import AffineScanSpec, SelectiveScanSpec
+from .spec import AffineScanSpec, SelectiveScanSpec
 
 from .exprs import tensor_dtype
 

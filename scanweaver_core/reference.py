@@ -1,0 +1,77 @@
+"""Float64 numpy oracles for both scan forms: the reference every test compares against.
+
+Deliberately the plain sequential loop, written for clarity, not speed.
+"""
+import numpy as np
+
+from .algebra import apply
+from .spec import AffineScanSpec, SelectiveScanSpec
+
+__all__ = ["affine_scan", "last_state", "softplus", "selective_scan"]
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x, dtype=np.float64)
+
+
+def affine_scan(a, b, h0=None, axis=-1, reverse=False):
+    """All states ``h_t = a_t*h_{t-1} + b_t`` along ``axis`` (float64, b's shape).
+
+    ``a`` broadcasts against ``b``; ``h0`` (b's shape without the axis) defaults to zeros.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    spec = AffineScanSpec.create(b.shape, a.shape, axis, reverse, h0 is not None, "float32")
+    a = np.moveaxis(np.broadcast_to(_f64(a).reshape(spec.a_shape), b.shape), spec.axis, 0)
+    b = np.moveaxis(_f64(b), spec.axis, 0)
+    h = np.zeros(b.shape[1:]) if h0 is None else _f64(h0).copy()
+    out = np.empty_like(b)
+    steps = range(b.shape[0] - 1, -1, -1) if reverse else range(b.shape[0])
+    for t in steps:
+        h = apply((a[t], b[t]), h)
+        out[t] = h
+    return np.moveaxis(out, 0, spec.axis)
+
+
+def last_state(states, axis=-1, reverse=False):
+    """The final state of a scan's output: the last step, or the first one when reversed."""
+    return np.take(states, 0 if reverse else states.shape[axis] - 1, axis=axis)
+
+
+def softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                   h0=None, return_last_state=False):
+    """Mamba's selective scan in float64.
+
+    ``h = exp(delta*A) h + delta*B*u`` per (batch, channel, state), ``y = sum_n C*h``,
+    ``out = (y + D*u) * silu(z)``.  Returns ``out (B,D,L)`` or ``(out, last_state (B,D,N))``.
+    """
+    spec = SelectiveScanSpec.for_arrays(*(np.asarray(x) if x is not None else None for x in
+                                          (u, delta, A, B, C, D, z, delta_bias)),
+                                        delta_softplus=delta_softplus,
+                                        h0=None if h0 is None else np.asarray(h0),
+                                        return_last_state=return_last_state, check_dtypes=False)
+    u, delta, A, B, C = (_f64(x) for x in (u, delta, A, B, C))
+    if delta_bias is not None:
+        delta = delta + _f64(delta_bias)[None, :, None]
+    if delta_softplus:
+        delta = softplus(delta)
+    if spec.groups:  # (B,G,N,L) -> (B,D,N,L): channel d reads group d // (D/G)
+        B = np.repeat(B, spec.dim // spec.groups, axis=1)
+        C = np.repeat(C, spec.dim // spec.groups, axis=1)
+    else:            # (B,N,L) -> (B,1,N,L)
+        B, C = B[:, None], C[:, None]
+    h = np.zeros((spec.batch, spec.dim, spec.dstate)) if h0 is None else _f64(h0).copy()
+    y = np.empty_like(u)
+    for t in range(spec.length):
+        decay = np.exp(delta[:, :, t, None] * A[None])                  # (B,D,N)
+        drive = delta[:, :, t, None] * B[:, :, :, t] * u[:, :, t, None]  # (B,D,N)
+        h = apply((decay, drive), h)
+        y[:, :, t] = np.sum(h * C[:, :, :, t], axis=-1)
+    out = y if D is None else y + _f64(D)[None, :, None] * u
+    if z is not None:
+        z = _f64(z)
+        out = out * z / (1.0 + np.exp(-z))
+    return (out, h) if return_last_state else out
