@@ -210,7 +210,7 @@ class Interpreter:
     ``env`` holds the given inputs (var -> array).  Results are memoized per var."""
 
     def __init__(self, value_of, missing=None, shared=None, opaque=(), ops=None):
-        self.value_of = value_of if isinstance(value_of, VarMap) else VarMap(value_of)
+        self.value_of = value_of    # (a VarMap for speed: a dict keyed by vars calls TVM's __eq__)
         self.memo = VarMap()
         self.ops = ops              # the op names it may evaluate (None: all it knows)
         self.missing = missing      # var -> value for unbound vars (parameters), else Unsupported
@@ -219,10 +219,13 @@ class Interpreter:
         self.opaque = opaque if isinstance(opaque, VarMap) else VarMap((v, True) for v in opaque)
 
     def __call__(self, expr):
-        stack = [expr]
+        stack, deps = [expr], VarMap()
         while stack:                 # evaluate dependencies first, without deep recursion
             e = stack[-1]
-            pending = [d for d in self._deps(e) if d not in self.memo]
+            found = deps.get(e)
+            if found is None:
+                found = deps[e] = self._deps(e)
+            pending = [d for d in found if d not in self.memo]
             if pending:
                 stack.extend(pending)
                 continue
