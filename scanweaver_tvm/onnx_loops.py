@@ -43,24 +43,67 @@ def _tensor_type(dtype):
 
 
 def convert_scan(imp, inputs, attrs, opset, where):
-    """ONNX Scan (opset >= 9): every state an independent affine recurrence."""
-    if opset < 9:
-        raise LoopError(f"{where}: opset {opset} Scan (batch axis, sequence_lens) is not supported; "
-                        "re-export with opset >= 9")
+    """ONNX Scan: every state an independent affine recurrence."""
     body, m = attrs["body"], attrs["num_scan_inputs"]
+    if opset < 9:
+        return _convert_scan8(imp, inputs, attrs, where)
     n = len(inputs) - m
     if m < 1 or n < 1:
         raise LoopError(f"{where}: has {n} loop-carried states and {m} scan inputs; a scan needs "
                         "at least one of each")
-    h0s, xs = inputs[:n], inputs[n:]
+    k = len(body.output) - n
+    results = _scan(imp, body, inputs[:n], inputs[n:], attrs.get("scan_input_axes", (0,) * m),
+                    attrs.get("scan_input_directions", (0,) * m), attrs.get("scan_output_axes", (0,) * k),
+                    attrs.get("scan_output_directions", (0,) * k),
+                    attrs["tvm_custom"]["num_outputs"] - n, where, {})
+    return results[0] if len(results) == 1 else relax.Tuple(results)
+
+
+def _convert_scan8(imp, inputs, attrs, where):
+    """Opset-8 Scan: a batch axis 0 on every state and scan input (time is axis 1), the body
+    run per batch element.  Each element is a scan of its own (the body is imported once);
+    ``sequence_lens``, if given, must be the full length everywhere."""
+    body, m = attrs["body"], attrs["num_scan_inputs"]
+    seq_lens, rest = inputs[0], inputs[1:]
+    n, k = len(rest) - m, len(body.output) - (len(rest) - m)
+    if m < 1 or n < 1:
+        raise LoopError(f"{where}: has {n} loop-carried states and {m} scan inputs; a scan needs "
+                        "at least one of each")
+    h0s, xs = rest[:n], rest[n:]
     shapes = [_shape(x, f"{where}: scan input {i}") for i, x in enumerate(xs)]
-    in_axes = [ax % len(s) for ax, s in zip(attrs.get("scan_input_axes", (0,) * m), shapes)]
-    in_dirs = [bool(d) for d in attrs.get("scan_input_directions", (0,) * m)]
+    if any(len(s) < 2 for s in shapes):
+        raise LoopError(f"{where}: opset-8 scan inputs are (batch, length, ...), got {shapes}")
+    batch, length = shapes[0][0], shapes[0][1]
+    if seq_lens is not None:
+        lens = _const(seq_lens)
+        if lens is None or lens.size not in (0, batch) or (lens.size and not (lens == length).all()):
+            raise LoopError(f"{where}: sequence_lens must be absent or the full length {length} for "
+                            "every batch element (shorter sequences are not scans of one length)")
+    if batch > 64:
+        raise LoopError(f"{where}: opset-8 Scan with batch {batch}: one scan per batch element; "
+                        "re-export with opset >= 9 (no batch axis) for more than 64")
+    cache, per_batch = {}, []
+    for b in range(batch):
+        index = relax.const(b, "int64")
+        pick = [imp.bb.emit(relax.op.take(x, index, axis=0)) for x in (*h0s, *xs)]
+        per_batch.append(_scan(imp, body, pick[:n], pick[n:], (0,) * m, attrs.get("directions", (0,) * m),
+                               (0,) * k, (0,) * k, attrs["tvm_custom"]["num_outputs"] - n, where, cache))
+    results = [imp.bb.emit(relax.op.concat([imp.bb.emit(relax.op.expand_dims(r[j], [0])) for r in per_batch], 0))
+               for j in range(len(per_batch[0]))]
+    return results[0] if len(results) == 1 else relax.Tuple(results)
+
+
+def _scan(imp, body, h0s, xs, in_axes, in_dirs, out_axes, out_dirs, wanted, where, cache):
+    """The results of one Scan (opset-9 semantics): final states, then the stacked outputs.
+    ``cache`` keeps the imported body for scans of the same shapes."""
+    n, m = len(h0s), len(xs)
+    shapes = [_shape(x, f"{where}: scan input {i}") for i, x in enumerate(xs)]
+    in_axes = [ax % len(s) for ax, s in zip(in_axes, shapes)]
+    in_dirs = [bool(d) for d in in_dirs]
     lengths = {s[ax] for s, ax in zip(shapes, in_axes)}
     if len(lengths) != 1:
         raise LoopError(f"{where}: scan inputs differ in length: {sorted(lengths)}")
     length, reverse = lengths.pop(), in_dirs[0]
-    k = len(body.output) - n
     roles = [("state", i) for i in range(n)] + [("slice", i, in_axes[i]) for i in range(m)]
     placeholders = [s[:ax] + (2,) + s[ax + 1:] for s, ax in zip(shapes, in_axes)]
 
@@ -68,17 +111,17 @@ def convert_scan(imp, inputs, attrs, opset, where):
         x = xs[i]
         return imp.bb.emit(relax.op.flip(x, in_axes[i])) if in_dirs[i] != reverse else x
 
-    steps, outer = _import_two_steps(imp, body, roles, h0s, placeholders, where)
+    if "steps" not in cache:
+        cache["steps"] = _import_two_steps(imp, body, roles, h0s, placeholders, where)
+    steps, outer = cache["steps"]
     lifted = _lift(imp, steps, outer, {i: sequence for i in range(m)}, h0s, length, reverse, where)
-    wanted = attrs["tvm_custom"]["num_outputs"] - n  # trailing outputs may be omitted
     rank = [len(_shape(y, where)) for y, _ in lifted.outputs]
-    out_axes = [ax % (r if r else 1) for ax, r in zip(attrs.get("scan_output_axes", (0,) * k), rank)]
-    out_dirs = [bool(d) for d in attrs.get("scan_output_directions", (0,) * k)]
+    out_axes = [ax % (r if r else 1) for ax, r in zip(out_axes, rank)]
     results = list(lifted.last)
-    for j in range(min(k, wanted)):
+    for j in range(min(len(lifted.outputs), wanted)):
         y, tax = lifted.outputs[j]
-        results.append(_stacked(imp, y, tax, out_axes[j], out_dirs[j] != reverse, length))
-    return results[0] if len(results) == 1 else relax.Tuple(results)
+        results.append(_stacked(imp, y, tax, out_axes[j], bool(out_dirs[j]) != reverse, length))
+    return results
 
 
 def convert_loop(imp, inputs, attrs, opset, where):  # pylint: disable=unused-argument

@@ -283,16 +283,15 @@ def onnx_node_tests(monkeypatch, op_type):
 
 
 def test_onnx_node_test_scans(monkeypatch):
-    """The ``onnx`` package's own Scan node tests (opset 9: sums, several states, scalars)."""
+    """The ``onnx`` package's own Scan node tests: opset 8 (a batch axis) and opset 9 (sums,
+    several states, scalars)."""
     ran = 0
     for case in onnx_node_tests(monkeypatch, "Scan"):
-        if not case.name.startswith("test_scan9"):
-            continue
         inputs, outputs = case.data_sets[0]
         names = [i.name for i in case.model.graph.input]
         check(case.model, dict(zip(names, inputs)), list(outputs))
         ran += 1
-    assert ran == 3
+    assert ran == 4
 
 
 def test_onnx_loop11_with_constant_trip_count(monkeypatch):
@@ -381,3 +380,25 @@ def test_path_input(tmp_path):
     assert "scanweaver.affine_scan" in from_onnx(str(path)).script()
     with pytest.raises(UnsupportedRecurrence):
         from_onnx(tmp_path / "nope.onnx")
+
+
+def scan8_model(seq_lens=None, directions=(1, 0)):
+    """Opset-8 Scan, batch 3: h = a_t*h + b_t per batch element, a read backwards."""
+    body = helper.make_graph([node("Mul", ["h", "a_t"], ["ah"]), node("Add", ["ah", "b_t"], ["hn"]),
+                              node("Identity", ["hn"], ["y"])], "body",
+                             [vi("h", [4]), vi("a_t", [4]), vi("b_t", [4])], [vi("hn", [4]), vi("y", [4])])
+    scan = helper.make_node("Scan", ["lens" if seq_lens is not None else "", "h0", "A", "B"], ["h_last", "Y"],
+                            name="scan8", body=body, num_scan_inputs=2, directions=list(directions))
+    inits = [] if seq_lens is None else [numpy_helper.from_array(np.array(seq_lens, np.int64), "lens")]
+    graph = helper.make_graph([scan], "g", [vi("h0", [3, 4]), vi("A", [3, 7, 4]), vi("B", [3, 7, 4])],
+                              [vi("h_last", [3, 4]), vi("Y", [3, 7, 4])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+
+
+def test_opset8_scan_with_a_batch_axis():
+    rng = np.random.default_rng(8)
+    fs = {"h0": rng.standard_normal((3, 4)), "A": rng.uniform(-1, 1, (3, 7, 4)), "B": rng.standard_normal((3, 7, 4))}
+    fs = {k: v.astype(np.float32) for k, v in fs.items()}
+    check(scan8_model(), fs, scans=3)                       # one scan per batch element
+    check(scan8_model(seq_lens=[7, 7, 7]), fs, scans=3)
+    expect_error(scan8_model(seq_lens=[7, 5, 7]), "Scan node 'scan8'", "sequence_lens")
