@@ -159,7 +159,7 @@ class _Plan:
                     self.concats[v] = got
         consumed = {f for c in self.concats for f in value[c].args[0].fields} | set(self.concats)
         for buf, (axis, region) in _written_buffers(rec, value, users).items():
-            self.concats[buf] = (axis, axis, True)     # out[:, t] = h_t for every t: a stack
+            self.concats[buf] = (axis, axis, True, None)   # out[:, t] = h_t for every t: a stack
             consumed |= region
         self.external = {}
         for s in states:
@@ -171,10 +171,12 @@ class _Plan:
         self.need_last = self.last in self.external
 
     def _stacking(self, concat, value, users):
-        """``(axis, expand_axis or None, increasing)`` when ``concat`` gathers exactly the
-        chain's states (each maybe through its own ``expand_dims``) in time order or its reverse;
-        axes normalized (``torch.stack(hs, -1)`` exports with negative ones)."""
-        fields = concat.args[0].fields
+        """``(axis, expand_axis or None, increasing, initial)`` when ``concat`` gathers exactly
+        the chain's states (each maybe through its own ``expand_dims``) in time order or its
+        reverse, maybe with the initial state in front or behind (``hs = [h0]`` before the loop:
+        ``initial`` is then ``("first" | "last", that state)``); axes normalized
+        (``torch.stack(hs, -1)`` exports with negative ones)."""
+        fields = list(concat.args[0].fields)
         rank = len(self.rec.state_shape)
         states, expand_axes = [], set()
         for f in fields:
@@ -186,6 +188,13 @@ class _Plan:
             else:
                 expand_axes.add(None)
             states.append(f)
+        initial = None
+        if len(states) == len(self.rec.states) + 1:
+            for end, k in (("first", 0), ("last", -1)):
+                if self._is_initial(states[k]):
+                    initial = (end, states[k])
+                    states.pop(k)
+                    break
         if len(expand_axes) != 1 or len(states) != len(self.rec.states) or set(states) != set(self.rec.states):
             return None
         order = [self.position[s] for s in states]
@@ -197,7 +206,14 @@ class _Plan:
         else:
             return None
         expand = expand_axes.pop()
-        return int(concat.attrs.axis) % (rank + (expand is not None)), expand, increasing
+        return int(concat.attrs.axis) % (rank + (expand is not None)), expand, increasing, initial
+
+    def _is_initial(self, x):
+        """``x`` is the state before the first step: the chain's initial state, or zeros."""
+        rec = self.rec
+        if rec.initial is not None:
+            return x.same_as(rec.initial)
+        return tensor_shape(x) == rec.state_shape and rec.analysis.is_zeros(x)
 
 
 def gathered(bb, states, axis, rank, cat_axis, expand, increasing, shape):
@@ -267,9 +283,18 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 pos = relax.const(plan.position[s], "int64")
                 self._replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
-        for c, (cat_axis, expand, increasing) in plan.concats.items():
-            self._replace(c, gathered(self.builder_, outs["states"], axis, rank, cat_axis, expand,
-                                      increasing, tensor_shape(c)))
+        for c, (cat_axis, expand, increasing, initial) in plan.concats.items():
+            shape = list(tensor_shape(c))
+            if initial is not None:                 # hs = [h0, h1, ...]: h0's piece, then the states
+                piece = self.visit_expr(initial[1])        # (bound before the chain; its own
+                if expand is not None:                    # expand_dims may come after it)
+                    piece = bb.emit(relax.op.expand_dims(piece, [expand]))
+                shape[cat_axis] -= tensor_shape(piece)[cat_axis]
+            states = gathered(bb, outs["states"], axis, rank, cat_axis, expand, increasing, tuple(shape))
+            if initial is not None:
+                pieces = [piece, states] if initial[0] == "first" else [states, piece]
+                states = bb.emit(relax.op.concat(pieces, cat_axis))
+            self._replace(c, states)
 
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective

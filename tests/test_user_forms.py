@@ -293,3 +293,28 @@ def test_in_place_output_writes_become_the_stacked_states(reverse):
     assert fused.script().count('"scanweaver.affine_scan"') == 1
     assert "R.where" not in fused.script(), fused.script()[-2000:]
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))
+
+
+@pytest.mark.parametrize("dim,reverse,start,gather", [
+    (1, False, "h0", "stack"), (-1, True, "h0", "stack"), (0, False, "zeros", "stack"),
+    (1, False, "h0", "cat"), (0, True, "zeros", "cat")])
+def test_states_gathered_with_the_initial_state(dim, reverse, start, gather):
+    """``hs = [h0]`` before the loop: the stacked states are the scan's output with the initial
+    state in front, not L slices of it gathered again."""
+    class Model(torch.nn.Module):
+        def forward(self, h0, a, b):
+            h = torch.zeros_like(h0) if start == "zeros" else h0
+            hs = [h]
+            steps = range(a.shape[1])
+            for t in (reversed(steps) if reverse else steps):
+                h = a[:, t] * h + b[:, t]
+                hs.append(h)
+            return torch.stack(hs, dim) if gather == "stack" else torch.cat(hs, dim)
+
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(2, 3, generator=g), torch.rand(2, 9, 3, generator=g), torch.randn(2, 9, 3, generator=g))
+    mod = sw.from_torch(Model().eval(), args)
+    fused = sw.FuseAffineRecurrences()(mod)
+    assert fused.script().count('"scanweaver.affine_scan"') == 1
+    assert "R.take(" not in fused.script()          # no state read back one by one
+    assert_outputs_match(run_model(mod, args), torch_outputs(Model().eval(), args))
