@@ -25,8 +25,9 @@ from tvm import relax
 
 from scanweaver_core.affine import FREE, Affine, NotAffine, affine_in
 from scanweaver_core.exprs import VarMap, error_line, tensor_dtype, tensor_shape
-from .lift import Lifter, NotLiftable, dims_after_time
 from scanweaver_core.scan_op import emit_affine_scan
+
+from .lift import Lifter, NotLiftable, dims_after_time
 from .steps import Analysis
 
 BODY_BUDGET = 100_000       # bindings one reading may visit: a body is one step, however long
@@ -75,6 +76,7 @@ def lift_body(body, emit, leaf, h0s, length, reverse):
     lifter = Lifter(an, (0, length), emit, rebuild)
     last, states, axes = [], [], []
     for i, (coef, off) in enumerate(readings):
+        first_slice = len(lifter.slice_rhos)
         try:
             a = None if coef is None else lifter.lift(coef)
             b = lifter.lift(off) if off is not None else None
@@ -84,7 +86,8 @@ def lift_body(body, emit, leaf, h0s, length, reverse):
         shape = tensor_shape(body.prev[i])[1:]
         rank = len(shape)
         varying = [x for x in (b, a) if x is not None and x[1] is not None]
-        natural = [r for r in lifter.slice_rhos if r <= rank]
+        # time where this state's sliced tensors have it (no transposes of them), if it fits
+        natural = [r for r in lifter.slice_rhos[first_slice:] if r <= rank]
         rho = natural[0] if natural else dims_after_time(*varying[0]) if varying else rank
         rho = min(rho, rank)
         a = None if a is None else lifter.align(*a, rho)
@@ -185,8 +188,8 @@ class _Rebuilder:
         return self.emit(self(value))
 
     def funcs_of(self, gvar):
-        raise BodyError(f"the body calls {gvar.name_hint} (a TIR kernel) on the state or its "
-                        "coefficients")
+        raise BodyError(f"a coefficient calls the TIR kernel {gvar.name_hint} (one of TVM's "
+                        "converters made it), which a scan cannot take in")
 
     def _previous(self, i):
         """State i before each step, time first: h0, then the states but the last."""

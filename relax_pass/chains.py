@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from scanweaver_core.exprs import VarMap, error_line
+
 from .lift import Lifter, NotLiftable, dims_after_time
 from .steps import ONE, Analysis, op_name, tensor_dtype, tensor_shape
 

@@ -8,10 +8,10 @@ inclusive form with an unchanged dtype and static shapes is rewritten.
 import numpy as np
 from tvm import relax
 
-from scanweaver_core.spec import SUPPORTED_DTYPES, AffineScanSpec
+from scanweaver_core.scan_op import emit_affine_scan
+from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import Recurrence
-from scanweaver_core.scan_op import make_scan
 from .steps import op_name, tensor_dtype, tensor_shape
 
 KINDS = {"relax.cumsum": "cumsum", "relax.cumprod": "cumprod"}
@@ -45,14 +45,13 @@ def cumulative_recurrences(function_name, bindings):
     return found
 
 
-def cumulative_scan(rec, x):
-    """The scan call replacing ``cumsum(x)`` / ``cumprod(x)`` (``x`` already visited)."""
-    shape = tensor_shape(x)
-    ones = relax.const(np.ones((1,) * len(shape), dtype=rec.dtype), rec.dtype)
+def cumulative_scan(rec, x, emit):
+    """The scan replacing ``cumsum(x)`` / ``cumprod(x)`` (``x`` already visited): its states."""
+    shape, length = tensor_shape(x), rec.length
     if rec.form == "cumsum":
-        spec = AffineScanSpec.create(shape, (1,) * len(shape), rec.axis, dtype=rec.dtype)
-        return make_scan(spec, [ones, x])
-    spec = AffineScanSpec.create(shape, shape, rec.axis, has_h0=True, dtype=rec.dtype)
-    zeros = relax.op.zeros(shape, rec.dtype)
-    h0 = relax.op.ones(rec.state_shape, rec.dtype)
-    return make_scan(spec, [x, zeros, h0])
+        outs = emit_affine_scan(emit, None, x, None, rec.state_shape, length, rec.axis, False, ("states",))
+    else:
+        zeros = relax.const(np.zeros((1,) * len(shape), dtype=rec.dtype), rec.dtype)
+        h0 = emit(relax.op.ones(rec.state_shape, rec.dtype))
+        outs = emit_affine_scan(emit, x, zeros, h0, rec.state_shape, length, rec.axis, False, ("states",))
+    return outs["states"]

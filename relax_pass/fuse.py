@@ -13,14 +13,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from scanweaver_core.exprs import error_line
+from scanweaver_core.scan_op import emit_affine_scan, make_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
-from scanweaver_core.exprs import error_line
 from .interpret import Interpreter, Unsupported
 from .lift import Lifter
-from scanweaver_core.scan_op import emit_affine_scan, make_scan
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_shape
 from .validate import validate
@@ -261,7 +261,7 @@ class _Rewriter(relax.PyExprMutator):
             self._emit_selective(plan)
         elif plan is not None:                              # cumsum / cumprod
             x = self.visit_expr(binding.value.args[0])
-            self._replace(binding.var, self.builder_.emit(cumulative_scan(plan, x), plan.form))
+            self._replace(binding.var, cumulative_scan(plan, x, self.builder_.emit))
         if binding.var in self.dropped:
             return
         super().visit_var_binding_(binding)

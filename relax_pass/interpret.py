@@ -12,10 +12,9 @@ import tvm
 from tvm import relax
 
 from scanweaver_core import reference
-from scanweaver_core.spec import AffineScanSpec
-
 from scanweaver_core.exprs import VarMap, call_args, op_name
 from scanweaver_core.scan_op import parse_scan
+from scanweaver_core.spec import AffineScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

@@ -12,7 +12,6 @@ import tvm
 from tvm import relax
 
 import tir_schedules
-
 from scanweaver_core.scan_op import output_types, parse_scan
 
 REALIZATIONS = ("tir", "mlir")

@@ -17,6 +17,7 @@ from tvm import relax
 
 from scanweaver_core.affine import STEP_OPS, Affine, NotAffine, affine_in, candidates
 from scanweaver_core.exprs import VarMap, call_args, op_name, tensor_dtype, tensor_shape
+
 from .lift import FEATURE_OPS as LIFTABLE
 
 # Ops applied elementwise (with broadcasting): a step's coefficient built from these over

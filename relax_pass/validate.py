@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax
 
 from scanweaver_core.exprs import VarMap
+
 from .interpret import Interpreter, Unsupported, random_input
 
 RTOL = 1e-6

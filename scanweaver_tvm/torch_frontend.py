@@ -106,13 +106,13 @@ def _stacked(bb, y, tax, length, val, what):
     except TypeError:
         _fail(f"{what}: needs a static shape, got {tuple(val.shape)}")
     shape = _static(y, what)
-    if shape != target:
-        if math.prod(shape) != math.prod(target):
-            y = bb.emit(relax.op.broadcast_to(y, (1,) * (len(target) - len(shape)) + shape))
-            if math.prod(_static(y, what)) != math.prod(target):
-                y = bb.emit(relax.op.broadcast_to(y, target))
-        y = bb.emit(relax.op.reshape(y, target))
-    return y
+    if shape == target:
+        return y
+    if math.prod(shape) != math.prod(target):      # a lifted value broadcast to y_t's shape
+        if len(shape) < len(target):                # (per-step dims padded after time)
+            y = bb.emit(relax.op.reshape(y, shape[:1] + (1,) * (len(target) - len(shape)) + shape[1:]))
+        y = bb.emit(relax.op.broadcast_to(y, target))
+    return bb.emit(relax.op.reshape(y, target))
 
 
 def _two_steps(importer, graph, h0s, full_xs, extras, where):
@@ -144,8 +144,7 @@ def _two_steps(importer, graph, h0s, full_xs, extras, where):
         else:
             extra_vals.append(e)
     results = list(output.args[0])
-    bb, describe, pairs, reads = relax.BlockBuilder(), {}, [], [[None] * n for _ in range(2)]
-    per_copy = []
+    bb, describe, reads, per_copy = relax.BlockBuilder(), {}, [[None] * n for _ in range(2)], []
     saved_bb, saved_env = importer.block_builder, importer.env
     importer.block_builder = bb
     try:
@@ -164,7 +163,7 @@ def _two_steps(importer, graph, h0s, full_xs, extras, where):
                         if node.op in ("placeholder", "output"):
                             continue
                         env[node] = _convert_node(importer, bb, node, env, where, describe, c)
-                    per_copy.append([env[r] if hasattr(r, "op") else relax.const(r, h0s[0].ty.dtype)
+                    per_copy.append([env[r] if hasattr(r, "op") else relax.const(r, str(h0s[0].ty.dtype))
                                      for r in results])
                 out = bb.emit_output(relax.Tuple(per_copy[0] + per_copy[1]))
             bb.emit_func_output(out)
