@@ -15,10 +15,12 @@ def _families():
                "onnx:loop_gather", "onnx:loop_slice"])
 
 
-def test_the_subset_draws_every_family():
+def test_the_subset_draws_every_family_at_length_8_or_more():
     drawn = set()
     for seed in SUBSET:
-        drawn.update(om.onnx_case(seed).tags)
+        case = om.onnx_case(seed)
+        if case.length >= 8:
+            drawn.update(case.tags)
     assert [f for f in _families() if f not in drawn] == []
 
 
@@ -34,7 +36,7 @@ def test_a_wrong_conversion_would_be_caught(monkeypatch):
     is reported as a mismatch."""
     from relax_pass import body
     seed = next(s for s in SUBSET if om.onnx_case(s).refusal is None and "onnx:dirs00" in om.onnx_case(s).tags
-                and om.onnx_case(s).feeds["X0"].shape[0] > 2)
+                and om.onnx_case(s).length > 2)
     real = body.lift_body
     monkeypatch.setattr(body, "lift_body", lambda *a: real(*a[:-1], not a[-1]))
     from scanweaver_tvm import onnx_loops

@@ -58,6 +58,7 @@ class OnnxCase:
     feeds: dict
     refusal: str = None              # the fragment the error must hold; None: must convert
     tags: list = field(default_factory=list)
+    length: int = 0
 
 
 def onnx_case(seed, max_length=40):
@@ -146,7 +147,7 @@ def onnx_case(seed, max_length=40):
     feeds = {f"h0_{i}": rng.standard_normal(state).astype(np.float32) for i in range(n_states)}
     feeds.update({f"X{k}": rng.standard_normal(full[k]).astype(np.float32) for k in range(2)})
     refusal = NEAR_MISSES[near][1] if near is not None else None
-    return OnnxCase(seed, model, feeds, refusal, tags)
+    return OnnxCase(seed, model, feeds, refusal, tags, length)
 
 
 class _Builder:
