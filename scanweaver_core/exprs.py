@@ -59,7 +59,22 @@ def _shape_of(expr):
         return None
 
 
+_DTYPES = {}        # hash(var) -> (var, dtype string), as _SHAPES
+
+
 def tensor_dtype(expr):
+    if isinstance(expr, relax.Var):
+        key = hash(expr)
+        got = _DTYPES.get(key)
+        if got is None:
+            if len(_DTYPES) > 1 << 18:
+                _DTYPES.clear()
+            got = _DTYPES[key] = (expr, _dtype_of(expr))
+        return got[1]
+    return _dtype_of(expr)
+
+
+def _dtype_of(expr):
     return str(getattr(getattr(expr, "ty", None), "dtype", ""))
 
 
