@@ -153,16 +153,31 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     if name == "arange":
         start, end, step = (float(getattr(x, "value", x)) for x in call_args(call))
         return np.arange(start, end, step).astype(_np_dtype(a.dtype))
-    if name == "nn.softmax":
+    if name in ("nn.softmax", "nn.log_softmax"):
         x = args[0] - args[0].max(axis=int(a.axis), keepdims=True)
-        e = np.exp(x)
-        return e / e.sum(axis=int(a.axis), keepdims=True)
+        total = np.exp(x).sum(axis=int(a.axis), keepdims=True)
+        return np.exp(x) / total if name == "nn.softmax" else x - np.log(total)
+    if name == "nn.gelu":
+        return 0.5 * args[0] * (1.0 + _erf(args[0] / math.sqrt(2.0)))
+    if name == "nn.gelu_tanh":
+        x = args[0]
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    if name == "nn.layer_norm":
+        x, axes = args[0], _axes(a.axes, args[0].ndim)
+        mean = x.mean(axis=axes, keepdims=True)
+        y = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + float(a.epsilon))
+        y = y * args[1] if bool(a.scale) else y
+        return y + args[2] if bool(a.center) else y
+    if name == "nn.rms_norm":
+        x, axes = args[0], _axes(a.axes, args[0].ndim)
+        return x / np.sqrt((x ** 2).mean(axis=axes, keepdims=True) + float(a.epsilon)) * args[1]
     raise Unsupported(f"relax.{name}")
 
 
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
-             "ones zeros_like ones_like full full_like nn.softmax arange").split()
+             "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
+             "nn.layer_norm nn.rms_norm arange").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 
 

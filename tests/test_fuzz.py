@@ -234,9 +234,11 @@ def test_long_near_miss_is_rejected_without_recursing(kind):
     tvm.ir.assert_structural_equal(sw.FuseAffineRecurrences()(mod), mod)
 
 
-@pytest.mark.parametrize("seed", [5133, 5213, 5226])
-def test_long_run_findings_stay_fixed(seed, tmp_path):
-    """Missed detections the long run found: lerp's per-step scalar weight (5133, 5213) and an
-    input initial state that exhausted the reading budget (5226)."""
-    res = check_case(generate_case(seed, max_length=96), out_dir=str(tmp_path))
+@pytest.mark.parametrize("seed,max_length", [(5133, 96), (5213, 96), (5226, 96), (8665, 128), (8728, 128),
+                                             (8823, 128)])
+def test_long_run_findings_stay_fixed(seed, max_length, tmp_path):
+    """Missed detections the long runs found: lerp's per-step scalar weight (5133, 5213), an
+    input initial state that exhausted the reading budget (5226), and coefficients through a
+    LayerNorm or GELU that validation could not evaluate (8665, 8728, 8823)."""
+    res = check_case(generate_case(seed, max_length=max_length), out_dir=str(tmp_path))
     assert res.status == "ok", f"{res.problems} (reproducer: {res.saved})"

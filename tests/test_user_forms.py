@@ -187,16 +187,22 @@ def test_probe_interpreter_agrees_with_tvm():
             y = bb.emit(relax.op.strided_slice(y, [1], [1], [2]))
             y = bb.emit(relax.op.where(relax.op.greater(y, relax.const(0.3)), y, relax.op.exp(y)))
             y = bb.emit(relax.op.sum(relax.op.expand_dims(y, [0]), axis=[-1], keepdims=True))
-            out = bb.emit_output(y)
+            z = bb.emit(relax.op.nn.layer_norm(x, relax.const(np.linspace(0.5, 2, 4), "float32"),
+                                               relax.const(np.linspace(-1, 1, 4), "float32"), [-1], 1e-5))
+            z = bb.emit(relax.op.nn.rms_norm(relax.op.nn.gelu(z), relax.const(np.linspace(1, 3, 4), "float32"),
+                                             [-1], 1e-5))
+            z = bb.emit(relax.op.add(relax.op.nn.log_softmax(relax.op.nn.gelu_tanh(z), 1), relax.op.nn.softmax(z, 0)))
+            out = bb.emit_output(relax.Tuple([y, z]))
         bb.emit_func_output(out)
     mod = bb.get()
     data = np.random.default_rng(0).uniform(0, 1, (2, 3, 4)).astype("float32")
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    want = vm["main"](tvm.runtime.tensor(data)).numpy()
+    want = [w.numpy() for w in vm["main"](tvm.runtime.tensor(data))]
     func = mod["main"]
     values = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
     interp = Interpreter(values, missing=lambda v: data.astype(np.float64))
-    np.testing.assert_allclose(interp(func.body.body), want, rtol=1e-5)
+    for got, w in zip(interp(func.body.body), want):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
 class _Styles(torch.nn.Module):
