@@ -31,7 +31,8 @@ def _shape(expr, what):
     try:
         return tuple(int(d) for d in expr.ty.shape)
     except (AttributeError, TypeError, ValueError):
-        raise LoopError(f"{what}: needs a static shape, got {expr.ty}") from None
+        raise LoopError(f"{what}: needs a static shape, got {expr.ty} (symbolic dims in a Scan or "
+                        "Loop are not supported yet: export with fixed sizes)") from None
 
 
 def _const(expr):

@@ -402,3 +402,9 @@ def test_opset8_scan_with_a_batch_axis():
     check(scan8_model(), fs, scans=3)                       # one scan per batch element
     check(scan8_model(seq_lens=[7, 7, 7]), fs, scans=3)
     expect_error(scan8_model(seq_lens=[7, 5, 7]), "Scan node 'scan8'", "sequence_lens")
+
+
+def test_symbolic_dims_are_refused_clearly():
+    """Not supported yet (issue "Trace short, compile once"): a clear error naming the node."""
+    m = scan_model([node("Add", ["h", "x0_t"], ["hn"])], [3], [["seq", 3]])
+    expect_error(m, "Scan node 'the_scan'", "needs a static shape", "symbolic dims")
