@@ -11,7 +11,6 @@ scale 1 is retried at 0.1 and 0.01 before validation gives up ("inconclusive": n
 import time
 
 import numpy as np
-import tvm
 import tvm_ffi
 from tvm import relax
 
