@@ -116,6 +116,21 @@ def lift_body(body, emit, leaf, h0s, length, reverse):
     return Lifted(last, states, axes, outputs)
 
 
+def stacked(emit, y, tax, length, axis=0, flip=False):
+    """A lifted per-step output ``(y, tax)`` (``Lifted.outputs``) with time on ``axis``, flipped
+    if asked; an invariant one (``tax`` None) repeated at every step."""
+    if tax is None:
+        y = emit(relax.op.broadcast_to(emit(relax.op.expand_dims(y, [0])), (length,) + tensor_shape(y)))
+        tax = 0
+    if flip:
+        y = emit(relax.op.flip(y, tax))
+    if tax != axis:
+        order = [d for d in range(len(tensor_shape(y))) if d != tax]
+        order.insert(axis, tax)
+        y = emit(relax.op.permute_dims(y, order))
+    return y
+
+
 def _reading(an, body, i):
     """State i's update of copy 0 as ``(coef, off)`` (None: 1 and 0); copy 1 must compute it
     one step on (equal templates, slice indices 0 and 1)."""
@@ -159,7 +174,7 @@ class _Rebuilder:
 
     def __init__(self, an, emit, leaf, body):
         self.an, self.emit, self.leaf, self.body = an, emit, leaf, body
-        self.memo, self.funcs = VarMap(), {}
+        self.memo = VarMap()
         self.prev = VarMap((p, i) for i, p in enumerate(body.prev))
         self.scans = None
 
@@ -169,14 +184,14 @@ class _Rebuilder:
                 self.memo[expr] = self._var(expr)
             return self.memo[expr]
         if isinstance(expr, relax.Call):
-            op = self.funcs_of(expr.op) if isinstance(expr.op, tvm.ir.GlobalVar) else expr.op
+            op = self._kernel(expr.op) if isinstance(expr.op, tvm.ir.GlobalVar) else expr.op
             return relax.Call(op, [self(a) for a in expr.args], expr.attrs, expr.ty_args)
         if isinstance(expr, relax.Tuple):
             return relax.Tuple([self(f) for f in expr.fields])
         if isinstance(expr, relax.TupleGetItem):
             return relax.TupleGetItem(self(expr.tuple_value), expr.index)
         if isinstance(expr, tvm.ir.GlobalVar):
-            return self.funcs_of(expr)
+            return self._kernel(expr)
         return expr
 
     def _var(self, var):
@@ -187,7 +202,8 @@ class _Rebuilder:
             return self.leaf(var)
         return self.emit(self(value))
 
-    def funcs_of(self, gvar):
+    @staticmethod
+    def _kernel(gvar):
         raise BodyError(f"a coefficient calls the TIR kernel {gvar.name_hint} (one of TVM's "
                         "converters made it), which a scan cannot take in")
 

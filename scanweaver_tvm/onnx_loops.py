@@ -18,7 +18,7 @@ import tvm
 from onnx import helper, numpy_helper
 from tvm import relax
 
-from relax_pass.body import BodyError, TwoSteps, lift_body
+from relax_pass.body import BodyError, TwoSteps, lift_body, stacked
 
 _COPIES = (0, 1)
 
@@ -115,13 +115,13 @@ def _scan(imp, body, h0s, xs, in_axes, in_dirs, out_axes, out_dirs, wanted, wher
     if "steps" not in cache:
         cache["steps"] = _import_two_steps(imp, body, roles, h0s, placeholders, where)
     steps, outer = cache["steps"]
-    lifted = _lift(imp, steps, outer, {i: sequence for i in range(m)}, h0s, length, reverse, where)
+    lifted = _lift(imp, steps, outer, sequence, h0s, length, reverse, where)
     rank = [len(_shape(y, where)) for y, _ in lifted.outputs]
     out_axes = [ax % (r if r else 1) for ax, r in zip(out_axes, rank)]
     results = list(lifted.last)
     for j in range(min(len(lifted.outputs), wanted)):
         y, tax = lifted.outputs[j]
-        results.append(_stacked(imp, y, tax, out_axes[j], bool(out_dirs[j]) != reverse, length))
+        results.append(stacked(imp.bb.emit, y, tax, length, out_axes[j], bool(out_dirs[j]) != reverse))
     return results
 
 
@@ -145,11 +145,11 @@ def convert_loop(imp, inputs, attrs, opset, where):  # pylint: disable=unused-ar
         return _one_step(imp, body, h0s, attrs["tvm_custom"]["num_outputs"])
     roles = [("iter",), ("cond",)] + [("state", i) for i in range(n)]
     steps, outer = _import_two_steps(imp, body, roles, h0s, [], where)
-    lifted = _lift(imp, steps, outer, {}, h0s, length, False, where)
+    lifted = _lift(imp, steps, outer, None, h0s, length, False, where)
     wanted = attrs["tvm_custom"]["num_outputs"]
     results = list(lifted.last)
     for y, tax in lifted.outputs[: max(0, wanted - n)]:
-        results.append(_stacked(imp, y, tax, 0, False, length))
+        results.append(stacked(imp.bb.emit, y, tax, length))
     return results[0] if len(results) == 1 else relax.Tuple(results)
 
 
@@ -190,26 +190,12 @@ def _check_no_early_exit(body, where):
                     "true (no early exit)")
 
 
-def _stacked(imp, y, tax, axis, flip, length):
-    """A lifted per-step output as ONNX stacks it: time on ``axis``, flipped if asked."""
-    emit = imp.bb.emit
-    if tax is None:                          # the same value at every step
-        y = emit(relax.op.broadcast_to(emit(relax.op.expand_dims(y, [0])), (length,) + _shape(y, "")))
-        tax = 0
-    if flip:
-        y = emit(relax.op.flip(y, tax))
-    if tax != axis:
-        rank = len(_shape(y, ""))
-        order = [d for d in range(rank) if d != tax]
-        order.insert(axis, tax)
-        y = emit(relax.op.permute_dims(y, order))
-    return y
-
-
-def _lift(imp, steps, outer, sequences, h0s, length, reverse, where):
+def _lift(imp, steps, outer, sequence, h0s, length, reverse, where):
+    """``lift_body`` with the body's parameters read as the scan inputs (``sequence(i)``, the
+    Scan's) and the outer values they stand for."""
     def leaf(param):
         if param.name.startswith("__seq"):
-            return sequences[int(param.name[5:])](int(param.name[5:]))
+            return sequence(int(param.name[5:]))
         if param.name in outer:
             return outer[param.name]
         raise LoopError(f"{where}: the body reads '{param.name}', which is not defined")

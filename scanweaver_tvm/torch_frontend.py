@@ -28,7 +28,7 @@ import math
 
 from tvm import relax
 
-from relax_pass.body import BodyError, TwoSteps, lift_body
+from relax_pass.body import BodyError, TwoSteps, lift_body, stacked
 
 __all__ = ["custom_convert_map", "UnsupportedScan"]
 
@@ -80,25 +80,19 @@ def convert_scan(node, importer):
         _fail(f"{where}: scanned inputs differ in length: {sorted(lengths)}")
     length = lengths.pop()
     extras = [importer.env[e] if hasattr(e, "op") else e for e in extra]
-    steps, outer = _two_steps(importer, gm.graph, h0s, full_xs, extras, where)
+    steps, outer, y_vals = _two_steps(importer, gm.graph, h0s, full_xs, extras, where)
     try:
         lifted = lift_body(steps, importer.block_builder.emit, lambda p: outer[p.name], h0s, length, False)
     except BodyError as err:
         _fail(f"{where}: {err}")
-    ys = [_stacked(importer.block_builder, y, tax, length, val, f"{where}: output y{j}")
-          for j, ((y, tax), val) in enumerate(zip(lifted.outputs, steps.y_vals))]
+    ys = [_as_torch_stacks(importer.block_builder, stacked(importer.block_builder.emit, y, tax, length),
+                           length, val, f"{where}: output y{j}")
+          for j, ((y, tax), val) in enumerate(zip(lifted.outputs, y_vals))]
     return list(lifted.last) + ys
 
 
-def _stacked(bb, y, tax, length, val, what):
-    """A lifted ``y``, time first, shaped like torch's stacked output (``(L, *y_t.shape)``)."""
-    if tax is None:                       # the same value at every step
-        y = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(y, [0])),
-                                          (length,) + _static(y, what)))
-        tax = 0
-    if tax:
-        rank = len(_static(y, what))
-        y = bb.emit(relax.op.permute_dims(y, [tax] + [d for d in range(rank) if d != tax]))
+def _as_torch_stacks(bb, y, length, val, what):
+    """A stacked output (time first) shaped like torch's (``(L, *y_t.shape)``)."""
     if val is None:
         return y
     try:
@@ -116,9 +110,10 @@ def _stacked(bb, y, tax, length, val, what):
 
 
 def _two_steps(importer, graph, h0s, full_xs, extras, where):
-    """``(TwoSteps, outer)``: the combine graph converted twice (steps 0 and 1) into one Relax
-    function by TVM's converters, on placeholders for the previous carries and the scanned
-    inputs; ``outer`` maps its parameters to the values they stand for."""
+    """``(TwoSteps, outer, y_vals)``: the combine graph converted twice (steps 0 and 1) into one
+    Relax function by TVM's converters, on placeholders for the previous carries and the scanned
+    inputs; ``outer`` maps its parameters to the values they stand for, ``y_vals`` holds the
+    ys' example values (their per-step shapes) from the export."""
     nodes = list(graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     output = next(n for n in nodes if n.op == "output")
@@ -177,8 +172,7 @@ def _two_steps(importer, graph, h0s, full_xs, extras, where):
                      [(per_copy[0][i], per_copy[1][i]) for i in range(n)],
                      [(per_copy[0][j], per_copy[1][j]) for j in range(n, len(results))],
                      lambda var: names.get(var.name, f"'{var.name}'"), pairs)
-    steps.y_vals = [getattr(r, "meta", {}).get("val") for r in results[n:]]
-    return steps, outer
+    return steps, outer, [getattr(r, "meta", {}).get("val") for r in results[n:]]
 
 
 def _convert_node(importer, bb, node, env, where, describe, copy):
