@@ -155,8 +155,9 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return np.arange(start, end, step).astype(_np_dtype(a.dtype))
     if name in ("nn.softmax", "nn.log_softmax"):
         x = args[0] - args[0].max(axis=int(a.axis), keepdims=True)
-        total = np.exp(x).sum(axis=int(a.axis), keepdims=True)
-        return np.exp(x) / total if name == "nn.softmax" else x - np.log(total)
+        e = np.exp(x)
+        total = e.sum(axis=int(a.axis), keepdims=True)
+        return e / total if name == "nn.softmax" else x - np.log(total)
     if name == "nn.gelu":
         return 0.5 * args[0] * (1.0 + _erf(args[0] / math.sqrt(2.0)))
     if name == "nn.gelu_tanh":

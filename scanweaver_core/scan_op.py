@@ -12,9 +12,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .exprs import tensor_dtype, tensor_shape
 from .spec import AffineScanSpec, SelectiveScanSpec
-
-from .exprs import tensor_dtype
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
@@ -90,7 +89,7 @@ def emit_affine_scan(emit, a, b, h0, state_shape, length, axis, reverse, outputs
 
 
 def _static_shape(x):
-    try:
-        return tuple(int(d) for d in x.ty.shape)
-    except (AttributeError, TypeError, ValueError):
-        raise ValueError(f"needs a static shape, got {x.ty}") from None
+    shape = tensor_shape(x)
+    if shape is None:
+        raise ValueError(f"needs a static shape, got {getattr(x, 'ty', x)}")
+    return shape
