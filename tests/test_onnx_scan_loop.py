@@ -49,9 +49,10 @@ def scan_model(body_nodes, state, xs, *, axes=None, dirs=None, out_axes=None, ou
     return model([scan], [vi("h0", state)] + [vi(f"X{i}", s) for i, s in enumerate(xs)], graph_outs, inits)
 
 
-def check(onnx_model, feeds, expected=None, scans=None):
+def check(onnx_model, feeds, expected=None, scans=None, same_dtype=True):
     """Run with onnxruntime (unless ``expected`` is given) and through from_onnx -> LowerScans
-    -> VM; compare every output.  ``scans``: how many scans the module must hold (default: some)."""
+    -> VM; compare every output's shape, dtype (unless ``same_dtype`` is off: a float64 oracle)
+    and values.  ``scans``: how many scans the module must hold (default: some)."""
     if expected is None:
         sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = sess.run(None, feeds)
@@ -65,6 +66,8 @@ def check(onnx_model, feeds, expected=None, scans=None):
     got = [got] if isinstance(got, tvm.runtime.Tensor) else list(got)
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
+        assert g.numpy().shape == np.asarray(e).shape
+        assert g.numpy().dtype == np.asarray(e).dtype or not same_dtype
         np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5)
 
 
@@ -159,7 +162,7 @@ def test_outputs(which):
         for a, b in zip(fs["X0"], fs["X1"]):
             h = h * a + b
             ys.append(h)
-        check(m, fs, [np.array(ys)])
+        check(m, fs, [np.array(ys)], same_dtype=False)
     else:
         check(m, fs)
 

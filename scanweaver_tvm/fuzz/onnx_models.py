@@ -227,8 +227,8 @@ def check_onnx_case(case):
         return "crash", f"{type(err).__name__}: {err}"
     for i, (g, w) in enumerate(zip(got, want)):
         g = g.numpy()
-        if g.shape != w.shape:
-            return "mismatch", f"output {i}: shape {g.shape}, onnxruntime {w.shape}"
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return "mismatch", f"output {i}: {g.dtype}{g.shape}, onnxruntime {w.dtype}{w.shape}"
         err = float(np.abs(g - w).max()) / max(1.0, float(np.abs(w).max())) if w.size else 0.0
         if err > 1e-4:
             return "mismatch", f"output {i}: relative error {err:.3g}"
