@@ -29,7 +29,7 @@ def check(model, args, scans=1):
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         g, w = g.numpy(), w.numpy()
-        assert g.shape == w.shape, f"output {i}: shape {g.shape} != {w.shape}"
+        assert g.shape == w.shape and g.dtype == w.dtype, f"output {i}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
         err = float(np.abs(g - w).max()) / max(1.0, float(np.abs(w).max()))
         assert err <= 1e-5, f"output {i}: relative error {err:.3g}"
     return mod
