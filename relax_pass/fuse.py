@@ -22,7 +22,7 @@ from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported
 from .lift import Lifter
 from .selective import SelectiveMatch, match_selective
-from .steps import ONE, op_name, tensor_shape
+from .steps import ONE, op_name, tensor_dtype, tensor_shape
 from .validate import validate
 
 
@@ -298,12 +298,23 @@ class _Rewriter(relax.PyExprMutator):
 
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective
-        scan = bb.emit(make_scan(match.spec, [self.visit_expr(x) for x in match.operands]), "selective_scan")
+        args = []
+        for x, axes, dtype in match.operands:       # each in the spec's layout and dtype
+            e = self.visit_expr(x)
+            if axes is not None:
+                e = bb.emit(relax.op.permute_dims(e, axes))
+            if tensor_dtype(e) != dtype:
+                e = bb.emit(relax.op.astype(e, dtype))
+            args.append(e)
+        scan = bb.emit(make_scan(match.spec, args), "selective_scan")
+        y = bb.emit(relax.TupleGetItem(scan, 0)) if match.spec.return_last_state else scan
+        if match.out_axes is not None:
+            y = bb.emit(relax.op.permute_dims(y, match.out_axes))
+        if tensor_dtype(y) != match.out_dtype:
+            y = bb.emit(relax.op.astype(y, match.out_dtype))
+        self._replace(match.output, y)
         if match.spec.return_last_state:
-            self._replace(match.output, bb.emit(relax.TupleGetItem(scan, 0)))
             self._replace(rec.states[-1], bb.emit(relax.TupleGetItem(scan, 1)))
-        else:
-            self._replace(match.output, scan)
 
     def _replace(self, var, new):
         self.set_var_remap(var, new)
@@ -330,7 +341,7 @@ def rewrite(mod, recurrences):
     for recs in by_function.values():
         for rec in recs:
             if rec.form != "affine":            # selective, cumsum, cumprod: emitted from rec
-                plans[rec.states[0]] = rec
+                plans[rec.selective.emit_at if rec.form == "selective" else rec.states[0]] = rec
                 continue
             plan = _Plan(rec, *rec.facts)
             if plan.need_states or plan.need_last:

@@ -1,88 +1,139 @@
-"""Recognize Mamba's selective scan on top of an affine chain found in the graph.
+"""Recognize Mamba's selective scan in an accepted affine chain, by what it computes.
 
-``selective_scan_ref`` exports as an affine chain over (B, D, N) states whose coefficients are
-slices of ``exp(delta*A)`` and ``delta*B*u`` (two (B, D, L, N) tensors), read out each step by
-``einsum('bdn,bn->bd', h, C_t)`` and stacked.  When every piece checks out, the chain, the two
-(B, D, L, N) tensors and the readouts become ONE ``scanweaver.selective_scan`` on the original
-``u, delta, A, B, C``.  The coefficient tensors and the readout are checked by evaluating them
-with numpy on probe inputs (``npeval``), so it does not matter how the frontend spelled the
-einsums: broadcast ``multiply``s of views (PyTorch) or ``relax.einsum`` (ONNX) alike.
-Anything unexpected returns a reason, and the chain stays a plain affine scan.
+Mamba's loop (``selective_scan_ref``, Hugging Face's ``mamba_selective_scan``, mamba-minimal)
+runs an affine chain over (B, D, N) states with ``a_t = exp(delta_t * A)`` and
+``b_t = delta_t * B_t * u_t``, read out each step as ``y_t = sum_n h_t C_t`` and stacked.  When
+every piece checks out, the chain, its (B, D, L, N) coefficient tensors and the readouts become
+ONE ``scanweaver.selective_scan`` on ``u, delta, A, B, C`` (plus the ``D`` skip, the ``silu(z)``
+gate and ``softplus(delta + bias)`` when they follow).
+
+The pieces are found by meaning, not by spelling: ``delta``, ``A``, ``u``, ``B`` are the nearest
+tensors below a step's coefficients whose shapes are a permutation of (B, D, L), (D, N),
+(B, N, L); each choice and axis order is accepted only if evaluating the coefficient on random
+values of those tensors (``interpret.py``) gives exactly the einsum above.  So broadcasts,
+einsums, casts, per-step slices of whole-sequence tensors or coefficients computed per step,
+and B/C in (B, L, N) or (B, N, L) layout all read the same.  The readout is checked the same
+way on random ``h_t`` and ``C_t``, whatever ops (``matmul``, ``einsum``, ``(h*C).sum(-1)``)
+and stack axis spell it.  Anything else returns a reason, and the chain stays an affine scan.
 """
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from scanweaver_core.exprs import VarMap, call_args
 from scanweaver_core.spec import SelectiveScanSpec
 
-from .npeval import SUPPORTED, evaluate, inputs, multiply_factors, viewed_tensor
-from .steps import op_name, tensor_dtype, tensor_shape
+from .interpret import Interpreter, Unsupported
+from .npeval import SUPPORTED, evaluate, inputs
+from .steps import _step_slice, op_name, tensor_dtype, tensor_shape
+
+SEARCH_BUDGET = 80       # nodes walked below a coefficient looking for its operands
+TRIES = 4                # nearest candidates tried per operand
+TENSORS = (relax.Var, relax.Call, tvm.ir.GenericConst)
 
 
 @dataclass
 class SelectiveMatch:
     spec: SelectiveScanSpec
-    operands: list          # u, delta, A, B, C, [h0]
-    output: relax.Var       # the concat of the per-step readouts: becomes the scan's y
+    operands: list          # (expr, axes to permute it to the spec's layout or None, dtype)
+    output: relax.Var       # what the scan's y replaces: the stacked readouts, or their epilogue
+    out_axes: object        # axes putting y (B, D, L) into ``output``'s layout, or None
+    out_dtype: str
     readouts: set           # bindings of the readout subgraphs (consumed)
     last_users: bool        # the final state is used elsewhere (return it too)
+    emit_at: relax.Var      # the binding before which the scan is emitted
 
 
-def _factors(value_of, expr):
-    """The operands of the product ``expr``: the leaves of a ``multiply`` tree or the operands of
-    an ``einsum``; [] for anything else.  (What they are multiplied into is checked by
-    ``_computes``.)"""
-    call = value_of.get(expr) if isinstance(expr, relax.Var) else None
-    if op_name(call) == "relax.multiply":
-        return multiply_factors(value_of, expr)
-    if op_name(call) == "relax.einsum":
-        return inputs(call)
-    return []
+def _nearest(value_of, expr, sizes):
+    """Tensors below ``expr`` whose shape is a permutation of ``sizes``, nearest first
+    (breadth-first through any op, at most ``SEARCH_BUDGET`` nodes)."""
+    want, found, queue, seen = sorted(sizes), [], [expr], VarMap()
+    for v in queue:
+        if len(queue) > SEARCH_BUDGET:
+            break
+        if isinstance(v, relax.Var):
+            if v in seen:
+                continue
+            seen[v] = True
+        shape = tensor_shape(v)
+        if shape is not None and sorted(shape) == want and not v.same_as(expr):
+            found.append(v)
+        queue.extend(_operands_of(value_of.get(v) if isinstance(v, relax.Var) else v))
+    return found[:TRIES]
 
 
-def _computes(value_of, expr, operands, equation):
-    """Does ``expr`` equal ``np.einsum(equation, *operands)``, shape included?  Checked by
-    evaluating it (supported ops only, down to ``operands``) on random operands; an operand that
-    is a constant keeps its value, as it will in the scan."""
-    rng = np.random.default_rng(1)
-    values = [o.value.numpy().astype(np.float64) if isinstance(o, tvm.ir.GenericConst)
-              else rng.standard_normal(tensor_shape(o)) for o in operands]
-    got = evaluate(value_of, expr, {o: v for o, v in zip(operands, values) if isinstance(o, relax.Var)})
+def _operands_of(value):
+    """The tensors ``value`` reads directly (tuple fields included)."""
+    if isinstance(value, relax.TupleGetItem):
+        return [value.tuple_value]
+    if not isinstance(value, relax.Call):
+        return []
+    out = []
+    for a in call_args(value):
+        out.extend(a.fields if isinstance(a, relax.Tuple) else [a])
+    return [a for a in out if isinstance(a, TENSORS)]
+
+
+def _layouts(x, sizes):
+    """Axis orders ``p`` with ``shape(x)[p] == sizes`` (several when sizes repeat)."""
+    shape = tensor_shape(x)
+    return [p for p in itertools.permutations(range(len(shape)))
+            if tuple(shape[i] for i in p) == tuple(sizes)]
+
+
+def _probe(x, rng):
+    if isinstance(x, tvm.ir.GenericConst):
+        return x.value.numpy().astype(np.float64)
+    return rng.uniform(-1.0, 1.0, tensor_shape(x))
+
+
+def _agrees(value_of, expr, env, want):
+    """Does ``expr``, evaluated from ``env`` alone (constants aside), equal ``want``?"""
+    interp = Interpreter(value_of)
+    interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
     try:
-        want = np.einsum(equation, *values)
-    except ValueError:          # operands of other shapes than the equation's: not this form
+        got = interp(expr)
+    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
         return False
-    return got is not None and got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=0)
+    return got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-9)
 
 
-def _readout(value_of, y, state, time):
-    """If ``y`` is computed from ``state`` and one slice ``C[:, :, time]`` by supported ops,
-    return (C, bindings of the subgraph); else None."""
-    bindings, leaves, stack = set(), {}, [y]
-    while stack:
-        v = stack.pop()
-        if v.same_as(state) or v in bindings or not isinstance(v, relax.Var):
+def _operands(value_of, expr, roles, formula, t, fixed=()):
+    """Choose one tensor (and axis order) per role so that ``expr`` equals ``formula`` at step
+    ``t``: ``roles`` maps a role to its canonical sizes; ``fixed`` gives roles already known
+    as ``(tensor, axes)``.  Returns ``{role: (tensor, axes)}`` or None."""
+    rng = np.random.default_rng(7)
+    fixed = dict(fixed)
+    free = [r for r in roles if r not in fixed]
+    options = [[(x, p) for x in _nearest(value_of, expr, roles[r]) for p in _layouts(x, roles[r])]
+               for r in free]
+    for choice in itertools.product(*options):
+        pick = {**fixed, **dict(zip(free, choice))}
+        tensors = [x for x, _ in pick.values()]
+        if len({hash(x) for x in tensors}) != len(tensors):
             continue
-        call = value_of.get(v)
-        name = op_name(call)
-        if name == "relax.take":
-            idx = call.args[1]
-            leaves[v] = (call.args[0], int(call.attrs.axis), idx)
-            bindings.add(v)
-            continue
-        if name not in SUPPORTED:
-            return None
-        bindings.add(v)
-        stack.extend(a for a in inputs(call) if isinstance(a, relax.Var))
-    if len(leaves) != 1:
-        return None
-    (c_slice, (c, axis, idx)), = leaves.items()
-    t = idx.value.numpy().item() if hasattr(idx, "value") else None
-    if axis != 2 or t != time or tensor_shape(c) is None or len(tensor_shape(c)) != 3:
-        return None
-    return c, c_slice, bindings
+        values = {x: _probe(x, rng) for x in tensors}
+        canonical = {r: np.transpose(values[x], p) for r, (x, p) in pick.items()}
+        if _agrees(value_of, expr, values, formula(canonical, t)):
+            return pick
+    return None
+
+
+def _decay(c, t):
+    return np.exp(c["delta"][:, :, t, None] * c["A"][None])
+
+
+def _input(c, t):
+    return c["delta"][:, :, t, None] * c["B"][:, None, :, t] * c["u"][:, :, t, None]
+
+
+def _step_of(rec, expr):
+    """The time index the per-step coefficient ``expr`` reads."""
+    index = rec.analysis.template(expr).index
+    return index if isinstance(index, int) else None
 
 
 def _only_user(users, var):
@@ -160,83 +211,167 @@ def _epilogue(value_of, users, y, u):
 
 def match_selective(rec, value_of, users):
     """A ``SelectiveMatch`` for an accepted affine ``rec``, or a string saying why not."""
-    if rec.reverse or len(rec.state_shape) != 3 or rec.axis != 2:
-        return "not a forward scan over (B, D, N) states stacked at axis 2"
+    if rec.reverse or len(rec.state_shape) != 3:
+        return "not a forward scan over (B, D, N) states"
+    if rec.a is None or rec.b is None:
+        return "the chain has no decay a_t"
+    value_of = value_of if isinstance(value_of, VarMap) else VarMap(value_of.items())
     batch, dim, dstate = rec.state_shape
-    length = rec.length
-    slice_a, slice_b = value_of.get(rec.a), value_of.get(rec.b)
-    if op_name(slice_a) != "relax.take" or op_name(slice_b) != "relax.take":
-        return "coefficients are not slices of (B, D, L, N) tensors"
-    decay = value_of.get(slice_a.args[0])
-    factors = _factors(value_of, decay.args[0]) if op_name(decay) == "relax.exp" else []
-    if len(factors) != 2:
-        return "a_t is not a slice of exp(delta * A)"
-    bdl, dn, bnl = (batch, dim, length), (dim, dstate), (batch, dstate, length)
-    bases = {tensor_shape(b): b for x in factors for b in [viewed_tensor(value_of, x, (bdl, dn))] if b is not None}
-    if set(bases) != {bdl, dn}:
-        return "exp() argument is not delta (B, D, L) times A (D, N)"
-    delta, A = bases[bdl], bases[dn]
-    if not _computes(value_of, decay.args[0], [delta, A], "bdl,dn->bdln"):
-        return "delta or A is not broadcast as delta[b, d, l] * A[d, n]"
-    factors = _factors(value_of, slice_b.args[0])
-    by_base = {}
-    for f in factors:
-        by_base.setdefault(viewed_tensor(value_of, f, (bdl, bnl)), []).append(f)
-    others = [b for b in by_base if b is not None and not b.same_as(delta)]
-    if len(factors) != 3 or delta not in by_base or len(others) != 2 or None in by_base:
-        return "b_t is not a slice of delta * B * u"
-    # which of the two is B and which u: by shape, and numerically when D == N makes them alike
-    B, u = next(((B, u) for B, u in (others, others[::-1])
-                 if tensor_shape(B) == bnl and tensor_shape(u) == bdl
-                 and _computes(value_of, slice_b.args[0], [delta, B, u], "bdl,bnl,bdl->bdln")), (None, None))
-    if B is None:
-        return "b_t is not delta[b, d, l] * B[b, n, l] * u[b, d, l]"
-    return _match_readout(rec, value_of, users, [u, delta, A, B])
+    bdl, dn, bnl = (batch, dim, rec.length), (dim, dstate), (batch, dstate, rec.length)
+    t = _step_of(rec, rec.a)
+    if t is None or _step_of(rec, rec.b) != t:
+        return "a_t and b_t do not read one time step"
+    found = _operands(value_of, rec.a, {"delta": bdl, "A": dn}, _decay, t)
+    if found is None:
+        return "a_t is not exp(delta_t * A) for a (B, D, L) delta and a (D, N) A"
+    found = _operands(value_of, rec.b, {"delta": bdl, "u": bdl, "B": bnl}, _input, t,
+                      fixed={"delta": found["delta"], "A": found["A"]})
+    if found is None:
+        return "b_t is not delta_t * B_t * u_t for (B, D, L) u and a (B, N, L) B"
+    if str(tensor_dtype(found["A"][0])) != "float32":
+        return "A is not float32"
+    return _match_readout(rec, value_of, users, found)
 
 
-def _match_readout(rec, value_of, users, operands):
-    batch, dim, dstate = rec.state_shape
-    concats = [v for v, call in value_of.items() if op_name(call) == "relax.concat"
-               and tensor_shape(v) == (batch, dim, rec.length) and int(call.attrs.axis) == 2]
-    rng = np.random.default_rng(0)
-    for cat in concats:
-        fields = value_of[cat].args[0].fields
-        ys = [value_of[f].args[0] if op_name(value_of.get(f)) == "relax.expand_dims" else None for f in fields]
-        if len(ys) != len(rec.states) or any(y is None for y in ys):
+def _readout_piece(value_of, field, states):
+    """``(state, slice var, slice key, t, bindings)`` when ``field`` is computed from one of
+    ``states`` and one per-step slice only (constants aside), else None."""
+    bindings, found_state, found_slice, stack = set(), None, None, [field]
+    while stack:
+        v = stack.pop()
+        if not isinstance(v, relax.Var) or v in bindings:
             continue
-        readouts, c_base = set(fields), None
-        for y, h, t in zip(ys, rec.states, rec.indices):
-            found = _readout(value_of, y, h, t)
-            if found is None:
-                break
-            c, c_slice, bindings = found
-            if c_base is not None and not c.same_as(c_base):
-                break
-            c_base = c
-            hv, cv = rng.standard_normal(rec.state_shape), rng.standard_normal((batch, dstate))
-            got = evaluate(value_of, y, {h: hv, c_slice: cv})
-            want = np.einsum("bdn,bn->bd", hv, cv)
-            if got is None or got.shape != want.shape or not np.allclose(got, want):
-                break
-            readouts |= bindings
-        else:
-            if tensor_shape(c_base) != (batch, dstate, rec.length):
-                continue
-            internal = readouts | rec.internal
-            stray = [s for s in rec.states[:-1] if any(u not in internal for u in users.get(s, []))]
-            if stray:
-                return f"state {stray[0].name} is used outside the readout"
-            last_users = any(u not in internal for u in users.get(rec.states[-1], []))
-            if str(tensor_dtype(operands[2])) != "float32":
-                return "A is not float32"
-            output, skip, gate = _epilogue(value_of, users, cat, operands[0])
-            raw, bias = _softplus_of_biased(value_of, operands[1])
-            if raw is not None:
-                operands = [operands[0], raw] + operands[2:]
-            spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_D=skip is not None,
-                                     has_z=gate is not None, has_delta_bias=bias is not None,
-                                     delta_softplus=raw is not None, has_h0=rec.initial is not None,
-                                     dtype=rec.dtype, return_last_state=last_users)
-            ops = operands + [c_base] + [x for x in (skip, gate, bias, rec.initial) if x is not None]
-            return SelectiveMatch(spec, ops, output, readouts, last_users)
-    return "no concat of per-step einsum('bdn,bn->bd', h, C_t) readouts"
+        state = states.get(v)
+        if state is not None:
+            if found_state is not None and not found_state.same_as(v):
+                return None
+            found_state = v
+            continue
+        value = value_of.get(v)
+        if value is None or len(bindings) > SEARCH_BUDGET:
+            return None                              # a parameter: not a readout of h and C_t
+        step = _step_slice(value_of, value)
+        if step is not None:
+            if found_slice is not None and not found_slice[0].same_as(v):
+                return None
+            found_slice = (v, *step)
+            continue
+        if not isinstance(value, (relax.Call, relax.TupleGetItem)):
+            return None
+        bindings.add(v)
+        stack.extend(_operands_of(value))
+    if found_state is None or found_slice is None:
+        return None
+    return (found_state, *found_slice, bindings)
+
+
+def _c_layout(value_of, field, piece, state_shape, stack_axis, rng):
+    """The axes putting C (the tensor ``piece`` slices) in (B, N, L) layout when the stack
+    field ``field`` is ``einsum('bdn,bn->bd', h_t, C_t)`` with a unit dim at ``stack_axis``
+    (checked on random ``h_t``, ``C_t``), else None."""
+    h, c_slice, key, _, _ = piece
+    c, c_axis, keep = key[1].node, key[2], len(key) > 3
+    batch, _, dstate = state_shape
+    hv, cv = rng.uniform(-1, 1, state_shape), rng.uniform(-1, 1, tensor_shape(c_slice))
+    c_step = np.squeeze(cv, c_axis) if keep else cv        # C_t's dims, time removed
+    rest = [a for a in range(len(tensor_shape(c))) if a != c_axis]
+    for p in _layouts(c, (batch, dstate, tensor_shape(c)[c_axis])):
+        if p[2] != c_axis:
+            continue
+        want = np.einsum("bdn,bn->bd", hv, np.transpose(c_step, [rest.index(p[0]), rest.index(p[1])]))
+        if _agrees(value_of, field, {h: hv, c_slice: cv}, np.expand_dims(want, stack_axis)):
+            return p
+    return None
+
+
+def _stacked_readouts(rec, value_of):
+    """``(concat var, stack axis, C, C's axes, consumed bindings)`` for the concat that stacks
+    one readout of each state in time order, or a string saying why there is none."""
+    batch, dim, _ = rec.state_shape
+    states = VarMap(zip(rec.states, rec.indices))
+    rng = np.random.default_rng(0)
+    why = "no stack of per-step readouts sum_n h_t[b, d, n] * C_t[b, n]"
+    for cat, call in value_of.items():
+        if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
+            continue
+        fields, shape = list(call.args[0].fields), tensor_shape(cat)
+        if len(fields) != len(rec.states) or shape is None or len(shape) != 3:
+            continue
+        axis = int(call.attrs.axis) % 3
+        if shape[axis] != rec.length or shape[:axis] + shape[axis + 1:] != (batch, dim):
+            continue
+        pieces = [_readout_piece(value_of, f, states) for f in fields]
+        if any(p is None for p in pieces) or len({hash(p[2][1]) for p in pieces}) != 1:
+            continue
+        times = [states[p[0]] for p in pieces]
+        if times != sorted(times) or any(p[3] != t for p, t in zip(pieces, times)):
+            why = f"the readouts in {cat.name} are not stacked in time order, each with its own C_t"
+            continue
+        c_axes = _c_layout(value_of, fields[0], pieces[0], rec.state_shape, axis, rng)
+        if c_axes is None:
+            why = f"the readouts in {cat.name} are not sum_n h_t[b, d, n] * C_t[b, n]"
+            continue
+        consumed = set(fields).union(*(p[4] for p in pieces))
+        return cat, axis, pieces[0][2][1].node, c_axes, consumed
+    return why
+
+
+def _axes_or_none(axes):
+    return None if list(axes) == list(range(len(axes))) else list(axes)
+
+
+def _match_readout(rec, value_of, users, found):
+    stack = _stacked_readouts(rec, value_of)
+    if isinstance(stack, str):
+        return stack
+    cat, axis, c, c_axes, readouts = stack
+    internal = readouts | rec.internal
+    stray = [s for s in rec.states[:-1] if any(u not in internal for u in users.get(s, []))]
+    if stray:
+        return f"state {stray[0].name} is used outside the readout"
+    last_users = any(u not in internal for u in users.get(rec.states[-1], []))
+    (u, u_axes), (delta, delta_axes) = found["u"], found["delta"]
+    output, skip, gate, raw, bias = cat, None, None, None, None
+    if axis == 2 and _axes_or_none(u_axes) is None:              # y in u's (B, D, L) layout
+        output, skip, gate = _epilogue(value_of, users, cat, u)
+    if _axes_or_none(delta_axes) is None:
+        raw, bias = _softplus_of_biased(value_of, delta)
+    batch, dim, dstate = rec.state_shape
+    spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_D=skip is not None,
+                             has_z=gate is not None, has_delta_bias=bias is not None,
+                             delta_softplus=raw is not None, has_h0=rec.initial is not None,
+                             dtype=rec.dtype, return_last_state=last_users)
+    dt, f32 = rec.dtype, "float32"
+    operands = [(u, u_axes, dt), (raw, None, dt) if raw is not None else (delta, delta_axes, dt),
+                (*found["A"], f32), (*found["B"], dt), (c, c_axes, dt)]
+    operands += [(x, None, d) for x, d in ((skip, f32), (gate, dt), (bias, f32), (rec.initial, dt))
+                 if x is not None]
+    operands = [(x, _axes_or_none(p) if p is not None else None, d) for x, p, d in operands]
+    out_axes = [0, 1]
+    out_axes.insert(axis, 2)
+    emit_at = _emit_point(rec, value_of, [x for x, _, _ in operands], output, last_users)
+    if emit_at is None:
+        return "an operand of the scan is computed after the loop that uses the final state"
+    return SelectiveMatch(spec, operands, output, _axes_or_none(out_axes), str(tensor_dtype(output)),
+                          readouts, last_users, emit_at)
+
+
+def _emit_point(rec, value_of, operands, output, last_users):
+    """Where the scan can be emitted: at the chain's first state when every operand is bound
+    before it, else (when nothing uses the final state) at the output it replaces."""
+    position = VarMap((v, i) for i, v in enumerate(value_of))
+    first = position.get(rec.states[0], -1)
+    if all(position.get(x, -1) < first for x in operands if isinstance(x, relax.Var)):
+        return rec.states[0]
+    return None if last_users else output
+
+
+def _computes(value_of, expr, operands, equation):
+    """Does ``expr`` equal ``np.einsum(equation, *operands)`` on random operands?"""
+    rng = np.random.default_rng(1)
+    values = {x: _probe(x, rng) for x in operands}
+    try:
+        want = np.einsum(equation, *values.values())
+    except ValueError:
+        return False
+    return _agrees(value_of, expr, values, want)

@@ -10,9 +10,14 @@ __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences
            "pipeline", "compile"]
 
 
-def from_torch(model, example_args):
+def from_torch(model, example_args, example_kwargs=None):
     """``torch.export`` + TVM's Relax frontend, parameters kept as constants: ``main`` takes
     exactly ``example_args``, in order, and returns what the model returns (as a tuple).
+
+    ``example_kwargs`` are passed to the model as constants of the trace.  A Hugging Face model
+    whose ``forward`` takes ``use_cache`` is traced with ``use_cache=False`` unless they say
+    otherwise: its ``Cache`` object is not a tensor and cannot be an output.  Imports TVM 0.27
+    gets wrong are repaired (``torch_repairs``).
 
     ``torch._higher_order_ops.scan`` with an affine combine function (one carry,
     ``h = a*h + b``) becomes a ScanWeaver scan (``torch_frontend``); any other combine function
@@ -22,14 +27,46 @@ def from_torch(model, example_args):
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    from . import torch_frontend
+    from . import torch_frontend, torch_repairs
 
     _check_no_complex(model, example_args)
+    kwargs = dict(example_kwargs or {})
+    if _takes_use_cache(model) and "use_cache" not in kwargs:
+        kwargs["use_cache"] = False
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
-        exported = torch.export.export(model, tuple(example_args))
-        return from_exported_program(exported, keep_params_as_input=False,
-                                     custom_convert_map=torch_frontend.custom_convert_map())
+        traced = _with_constants(model, kwargs) if kwargs else model
+        exported = torch.export.export(traced, tuple(example_args))
+        mod = from_exported_program(exported, keep_params_as_input=False,
+                                    custom_convert_map=torch_frontend.custom_convert_map())
+    return torch_repairs.repair(mod)
+
+
+def _with_constants(model, kwargs):
+    """``model`` with ``kwargs`` bound: as constants of the trace, not inputs of the exported
+    program (TVM's frontend takes only tensor inputs)."""
+    import torch
+
+    class Bound(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return self.model(*args, **kwargs)
+
+    return Bound()
+
+
+def _takes_use_cache(model):
+    """A Hugging Face model (it has a ``config``) whose ``forward`` has a ``use_cache`` argument."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return hasattr(model, "config") and "use_cache" in params
 
 
 def _check_no_complex(model, example_args):

@@ -42,8 +42,12 @@ def _fail(why):
 
 
 def custom_convert_map():
-    """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan."""
-    return {"scan": convert_scan}
+    """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
+    the converters that repair TVM's (``torch_repairs``)."""
+    from .torch_repairs import convert_conv1d, convert_convolution
+
+    return {"scan": convert_scan, "conv1d.default": convert_conv1d,
+            "convolution.default": convert_convolution}
 
 
 def _static(expr, what):

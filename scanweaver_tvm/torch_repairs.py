@@ -1,0 +1,106 @@
+"""Repairs of what TVM 0.27's torch frontend imports wrongly, applied by ``sw.from_torch``.
+
+Each is a TVM bug that would otherwise reach users as a wrong or uncompilable model:
+
+- ``x[..., -1]`` (``aten.select`` at a negative index) imports as
+  ``take(x, -1, mode="fast")``: an out-of-bounds read (Mamba-2's ``A_cumsum[..., -1]`` makes
+  the compiled model silently wrong).  A constant index is normalized into range; a run-time
+  index gets ``mode="wrap"``, which is PyTorch's meaning of a negative index.  (In-range
+  constant indices also get ``mode="clip"``, the same values, without ``fast``'s warning
+  printed once per op at build time.)
+- ``(mask != 1).cumsum(-1)`` (transformers' packed-sequence check) imports as a ``bool``
+  cumsum, which PyTorch computes in int64 and LLVM codegen rejects
+  (``CodeGenLLVM::CreateAdd ... MatchesCode(kDLFloat)``).  It becomes a cumsum of the int64
+  cast, as in PyTorch.
+- ``conv1d`` with bf16/fp16 operands imports with ``out_dtype="float32"`` and then fails adding
+  its bias of the input's dtype ("Binary operators must have the same datatype"): a Mamba
+  with bf16 weights cannot be imported.  ``convert_conv1d`` computes it as PyTorch's CPU
+  kernel does, in float32 from the inputs, rounded to the input dtype.
+"""
+import tvm
+from tvm import relax
+
+from scanweaver_core.exprs import op_name, tensor_dtype, tensor_shape
+
+def convert_conv1d(node, importer):
+    """``aten.conv1d``: TVM's converter for float32, ours (above) for other dtypes."""
+    args = importer.retrieve_args(node)
+    bias = args[2] if len(args) > 2 else None
+    if _all_float32(args[:2], bias):
+        return importer._conv1d(node)  # pylint: disable=protected-access
+    stride, padding, dilation, groups = list(args[3:7]) + [1, 0, 1, 1][len(args[3:7]):]
+    return _conv1d_in_float32(importer, node, args[0], args[1], bias, stride, padding, dilation, groups)
+
+
+def convert_convolution(node, importer):
+    """``aten.convolution`` (what export decomposes ``nn.Conv1d`` into): ours for a non-float32
+    1-D convolution, TVM's converter otherwise."""
+    args = importer.retrieve_args(node)
+    x, weight, bias, stride, padding, dilation, transposed, _, groups = args
+    if _all_float32((x, weight), bias) or transposed or len(importer.shape_of(weight)) != 3:
+        return importer._convolution(node)  # pylint: disable=protected-access
+    return _conv1d_in_float32(importer, node, x, weight, bias, stride, padding, dilation, groups)
+
+
+def _all_float32(tensors, bias):
+    return all(tensor_dtype(t) == "float32" for t in (*tensors, *([bias] if bias is not None else [])))
+
+
+def _conv1d_in_float32(importer, node, x, weight, bias, stride, padding, dilation, groups):
+    """The convolution in float32, cast to the dtype PyTorch gives it (the node's fake value)."""
+    emit = importer.block_builder.emit
+    conv = emit(relax.op.nn.conv1d(emit(relax.op.astype(x, "float32")),
+                                   emit(relax.op.astype(weight, "float32")),
+                                   strides=stride, padding=padding, dilation=dilation, groups=groups,
+                                   data_layout="NCW", kernel_layout="OIW", out_dtype="float32"))
+    if bias is not None:
+        bias = emit(relax.op.reshape(emit(relax.op.astype(bias, "float32")), (1, -1, 1)))
+        conv = emit(relax.op.add(conv, bias))
+    dtype = str(node.meta["val"].dtype).replace("torch.", "")
+    return emit(relax.op.astype(conv, dtype)) if dtype != "float32" else conv
+
+
+def _const_index(expr):
+    if isinstance(expr, tvm.ir.GenericConst):
+        data = expr.value.numpy()
+        return data if data.dtype.kind == "i" else None
+    return None
+
+
+@relax.expr_functor.mutator
+class _Repair(relax.PyExprMutator):
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        name = op_name(call)
+        if name == "relax.take" and str(call.attrs.mode) == "fast":
+            return self._take(call)
+        if name in ("relax.cumsum", "relax.cumprod") and tensor_dtype(call.args[0]) == "bool":
+            x = self.builder_.normalize(relax.op.astype(call.args[0], "int64"))
+            op = relax.op.cumsum if name == "relax.cumsum" else relax.op.cumprod
+            return op(x, call.attrs.axis, "int64", bool(call.attrs.exclusive))
+        return call
+
+    def _take(self, call):
+        x, index = call.args
+        axis = int(call.attrs.axis)
+        shape = tensor_shape(x)
+        data = _const_index(index)
+        if data is not None and shape is not None:
+            extent = shape[axis % len(shape)]
+            if ((data >= -extent) & (data < extent)).all():
+                fixed = relax.const(data % extent, str(data.dtype))
+                return relax.op.take(x, fixed, axis=axis, mode="clip")
+        return relax.op.take(x, index, axis=axis, mode="wrap")
+
+
+def repair(mod):
+    """``mod`` with the imports above repaired (every Relax function, signature re-derived)."""
+    repairer = _Repair(mod)
+    for gvar, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function):
+            continue
+        new = repairer.visit_expr(func)
+        if not new.same_as(func):
+            new = relax.Function(new.params, new.body, None, new.is_pure, new.attrs)
+            repairer.builder_.update_func(gvar, new)
+    return repairer.builder_.get()
