@@ -32,7 +32,7 @@ from .models_report import THREADS, TOL, _targets, report
 
 LENGTHS = (64, 256, 1024)
 QUICK_LENGTHS = (16, 64)
-MODELS = ("mamba", "ema")
+MODELS = ("mamba", "ema", "hf_mamba")
 PATHS = (("with", "TVM + pass"), ("without", "TVM, no pass"))
 
 _T0 = time.perf_counter()
@@ -81,7 +81,31 @@ def make_model(name, length):
         return models.mamba_block(length=length)
     if name == "ema":
         return models.ema(length=length)
+    if name == "hf_mamba":
+        return hf_mamba(length)
     raise ValueError(name)
+
+
+def hf_mamba(length, layers=2, batch=1):
+    """transformers' ``MambaForCausalLM`` at the real width (d_model 768, d_inner 1536, N 16;
+    its default vocabulary), random weights, returning the logits as users time them."""
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MambaConfig(hidden_size=768, state_size=16, num_hidden_layers=layers, expand=2)
+    lm = MambaForCausalLM(cfg).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            return self.lm(input_ids, use_cache=False).logits
+
+    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+    return Logits().eval(), [ids]
 
 
 def _flat(x):

@@ -14,6 +14,22 @@ _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", 
 __all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API, "tune"]
 
 
+def _use_every_core():
+    """TVM's CPU thread pool defaults to half the hardware threads on x86 (it assumes two per
+    core), so on a machine with one thread per core compiled models run on half the cores.
+    Unless the user chose (``TVM_NUM_THREADS``), use one thread per physical core; this must
+    be set before TVM runs its first parallel kernel."""
+    import os
+
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    os.environ.setdefault("TVM_NUM_THREADS", str(cores))
+
+
+_use_every_core()
+
+
 def _register_pipeline():
     """``tvm.compile(mod, target, relax_pipeline="scanweaver")`` right after ``import
     scanweaver_tvm``: the target comes from the surrounding ``with target:`` that

@@ -3,6 +3,7 @@ import tvm
 from tvm import relax
 
 import tir_schedules
+from tir_schedules import dense_cpu
 from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.lower import LowerScans
 
@@ -106,8 +107,12 @@ def _target(target):
 
 
 def _default_pipeline(target):
+    """TVM's pipeline for ``target``; on LLVM targets with the dense layers scheduled
+    (``tir_schedules.dense_cpu``: TVM's CPU pipeline leaves matmuls as naive loops)."""
     if "gpu" in target.keys:
         return relax.get_default_pipeline(target)
+    if target.kind.name == "llvm":
+        return dense_cpu.cpu_pipeline(target)
     return relax.get_pipeline("default")
 
 
