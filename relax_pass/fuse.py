@@ -299,10 +299,12 @@ class _Rewriter(relax.PyExprMutator):
     def _emit_selective(self, rec):
         bb, match = self.builder_, rec.selective
         args = []
-        for x, axes, dtype in match.operands:       # each in the spec's layout and dtype
+        for x, axes, shape, dtype in match.operands:     # each in the spec's layout and dtype
             e = self.visit_expr(x)
             if axes is not None:
                 e = bb.emit(relax.op.permute_dims(e, axes))
+            if shape is not None and tensor_shape(e) != tuple(shape):
+                e = bb.emit(relax.op.reshape(e, shape))
             if tensor_dtype(e) != dtype:
                 e = bb.emit(relax.op.astype(e, dtype))
             args.append(e)

@@ -28,7 +28,7 @@ from scanweaver_core.spec import SelectiveScanSpec
 
 from .interpret import Interpreter, Unsupported
 from .npeval import SUPPORTED, evaluate, inputs
-from .steps import _step_slice, op_name, tensor_dtype, tensor_shape
+from .steps import WIDTH, _step_slice, op_name, tensor_dtype, tensor_shape
 
 SEARCH_BUDGET = 80       # nodes walked below a coefficient looking for its operands
 TRIES = 4                # nearest candidates tried per operand
@@ -38,7 +38,7 @@ TENSORS = (relax.Var, relax.Call, tvm.ir.GenericConst)
 @dataclass
 class SelectiveMatch:
     spec: SelectiveScanSpec
-    operands: list          # (expr, axes to permute it to the spec's layout or None, dtype)
+    operands: list          # (expr, axes to permute it by or None, the spec's shape for it, dtype)
     output: relax.Var       # what the scan's y replaces: the stacked readouts, or their epilogue
     out_axes: object        # axes putting y (B, D, L) into ``output``'s layout, or None
     out_dtype: str
@@ -50,7 +50,7 @@ class SelectiveMatch:
 def _nearest(value_of, expr, sizes):
     """Tensors below ``expr`` whose shape is a permutation of ``sizes``, nearest first
     (breadth-first through any op, at most ``SEARCH_BUDGET`` nodes)."""
-    want, found, queue, seen = sorted(sizes), [], [expr], VarMap()
+    want, found, queue, seen = _sizes(sizes), [], [expr], VarMap()
     for v in queue:
         if len(queue) > SEARCH_BUDGET:
             break
@@ -59,10 +59,51 @@ def _nearest(value_of, expr, sizes):
                 continue
             seen[v] = True
         shape = tensor_shape(v)
-        if shape is not None and sorted(shape) == want and not v.same_as(expr):
-            found.append(v)
+        if shape is not None and _sizes(shape) == want and not v.same_as(expr):
+            root = _view_root(value_of, v)
+            if not any(root.same_as(f) for f in found):
+                found.append(root)
         queue.extend(_operands_of(value_of.get(v) if isinstance(v, relax.Var) else v))
     return found[:TRIES]
+
+
+def _view_root(value_of, x):
+    """The tensor ``x`` is a view of, in the same layout (through unit-dim ops and widening
+    casts, which keep what it holds and in which order): two coefficients reading one
+    ``delta`` through their own ``expand_dims`` (or ``.float()``) share it."""
+    while isinstance(x, relax.Var):
+        call = value_of.get(x)
+        if not (op_name(call) in _UNIT_VIEWS or _widening(call) or _keeps_order(call)):
+            break
+        inner = call.args[0]
+        if tensor_shape(inner) is None or _extents(tensor_shape(inner)) != _extents(tensor_shape(x)):
+            break
+        x = inner
+    return x
+
+
+_UNIT_VIEWS = ("relax.expand_dims", "relax.squeeze", "relax.reshape")
+
+
+def _keeps_order(call):
+    """A ``permute_dims`` that moves only unit dims (the identity permutations export makes)."""
+    if op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
+        return False
+    shape = tensor_shape(call.args[0])
+    moved = [int(a) for a in call.attrs.axes if shape is not None and shape[int(a)] != 1]
+    return shape is not None and moved == sorted(moved)
+
+
+def _extents(shape):
+    return [n for n in shape if n != 1]
+
+
+def _widening(call):
+    """``call`` is an ``astype`` to a float type at least as wide (no value changes)."""
+    if op_name(call) != "relax.astype":
+        return False
+    source, target = tensor_dtype(call.args[0]), str(call.attrs.dtype)
+    return source in WIDTH and target in WIDTH and WIDTH[target] >= WIDTH[source]
 
 
 def _operands_of(value):
@@ -77,11 +118,23 @@ def _operands_of(value):
     return [a for a in out if isinstance(a, TENSORS)]
 
 
+def _sizes(shape):
+    """The extents that are not 1, sorted: what a tensor holds, up to layout and unit dims."""
+    return sorted(n for n in shape if n != 1)
+
+
 def _layouts(x, sizes):
-    """Axis orders ``p`` with ``shape(x)[p] == sizes`` (several when sizes repeat)."""
-    shape = tensor_shape(x)
-    return [p for p in itertools.permutations(range(len(shape)))
-            if tuple(shape[i] for i in p) == tuple(sizes)]
+    """Axis orders ``p`` of ``x`` such that ``transpose(x, p).reshape(sizes)`` is ``x`` in the
+    layout ``sizes`` names: its non-unit axes in that order, unit axes last (a constant
+    ``A[None, :, None, :]`` is ``A``).  Several when extents repeat."""
+    return _layouts_of_shape(tensor_shape(x), sizes)
+
+
+def _layouts_of_shape(shape, sizes):
+    keep = [i for i, n in enumerate(shape) if n != 1]
+    units = tuple(i for i, n in enumerate(shape) if n == 1)
+    want = [n for n in sizes if n != 1]
+    return [p + units for p in itertools.permutations(keep) if [shape[i] for i in p] == want]
 
 
 def _probe(x, rng):
@@ -116,7 +169,7 @@ def _operands(value_of, expr, roles, formula, t, fixed=()):
         if len({hash(x) for x in tensors}) != len(tensors):
             continue
         values = {x: _probe(x, rng) for x in tensors}
-        canonical = {r: np.transpose(values[x], p) for r, (x, p) in pick.items()}
+        canonical = {r: np.transpose(values[x], p).reshape(roles[r]) for r, (x, p) in pick.items()}
         if _agrees(value_of, expr, values, formula(canonical, t)):
             return pick
     return None
@@ -221,13 +274,14 @@ def match_selective(rec, value_of, users):
     t = _step_of(rec, rec.a)
     if t is None or _step_of(rec, rec.b) != t:
         return "a_t and b_t do not read one time step"
-    found = _operands(value_of, rec.a, {"delta": bdl, "A": dn}, _decay, t)
-    if found is None:
+    decay = _operands(value_of, rec.a, {"delta": bdl, "A": dn}, _decay, t)
+    if decay is None:
         return "a_t is not exp(delta_t * A) for a (B, D, L) delta and a (D, N) A"
-    found = _operands(value_of, rec.b, {"delta": bdl, "u": bdl, "B": bnl}, _input, t,
-                      fixed={"delta": found["delta"], "A": found["A"]})
-    if found is None:
+    step_input = _operands(value_of, rec.b, {"delta": bdl, "u": bdl, "B": bnl}, _input, t,
+                           fixed={"delta": decay["delta"]})
+    if step_input is None:
         return "b_t is not delta_t * B_t * u_t for (B, D, L) u and a (B, N, L) B"
+    found = {**decay, **step_input}
     if str(tensor_dtype(found["A"][0])) != "float32":
         return "A is not float32"
     return _match_readout(rec, value_of, users, found)
@@ -265,28 +319,32 @@ def _readout_piece(value_of, field, states):
     return (found_state, *found_slice, bindings)
 
 
-def _c_layout(value_of, field, piece, state_shape, stack_axis, rng):
-    """The axes putting C (the tensor ``piece`` slices) in (B, N, L) layout when the stack
-    field ``field`` is ``einsum('bdn,bn->bd', h_t, C_t)`` with a unit dim at ``stack_axis``
-    (checked on random ``h_t``, ``C_t``), else None."""
+def _c_layout(value_of, field, piece, state_shape, rng):
+    """The axes putting C (the tensor ``piece`` slices) in (B, N, L) order (a reshape then
+    gives that shape) when the stack field ``field`` is ``einsum('bdn,bn->bd', h_t, C_t)``
+    (maybe with a unit dim; checked on random ``h_t``, ``C_t``), else None."""
     h, c_slice, key, _, _ = piece
     c, c_axis, keep = key[1].node, key[2], len(key) > 3
     batch, _, dstate = state_shape
     hv, cv = rng.uniform(-1, 1, state_shape), rng.uniform(-1, 1, tensor_shape(c_slice))
-    c_step = np.squeeze(cv, c_axis) if keep else cv        # C_t's dims, time removed
+    c_step = np.squeeze(cv, c_axis) if keep else cv        # C_t's dims: C's, time removed
     rest = [a for a in range(len(tensor_shape(c))) if a != c_axis]
-    for p in _layouts(c, (batch, dstate, tensor_shape(c)[c_axis])):
-        if p[2] != c_axis:
-            continue
-        want = np.einsum("bdn,bn->bd", hv, np.transpose(c_step, [rest.index(p[0]), rest.index(p[1])]))
-        if _agrees(value_of, field, {h: hv, c_slice: cv}, np.expand_dims(want, stack_axis)):
-            return p
+    wanted = sum(n != 1 for n in (batch, dstate))
+    if tensor_shape(field) is None or int(np.prod(tensor_shape(field))) != batch * state_shape[1]:
+        return None
+    for p in _layouts_of_shape(c_step.shape, (batch, dstate)):
+        c_bn = np.transpose(c_step, p).reshape(batch, dstate)
+        want = np.einsum("bdn,bn->bd", hv, c_bn).reshape(tensor_shape(field))
+        if _agrees(value_of, field, {h: hv, c_slice: cv}, want):
+            return [rest[i] for i in p[:wanted]] + [c_axis] + [rest[i] for i in p[wanted:]]
     return None
 
 
-def _stacked_readouts(rec, value_of):
-    """``(concat var, stack axis, C, C's axes, consumed bindings)`` for the concat that stacks
-    one readout of each state in time order, or a string saying why there is none."""
+def _stacked_readouts(rec, value_of, users):
+    """``(stacked var, stack axis, C, C's axes, consumed bindings)`` for the stack of one
+    readout of each state in time order (a ``concat`` of unit-dim pieces, or of the pieces
+    themselves followed by a ``reshape``: PyTorch's ``stack`` exports both ways), or a string
+    saying why there is none."""
     batch, dim, _ = rec.state_shape
     states = VarMap(zip(rec.states, rec.indices))
     rng = np.random.default_rng(0)
@@ -294,11 +352,9 @@ def _stacked_readouts(rec, value_of):
     for cat, call in value_of.items():
         if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
             continue
-        fields, shape = list(call.args[0].fields), tensor_shape(cat)
-        if len(fields) != len(rec.states) or shape is None or len(shape) != 3:
-            continue
-        axis = int(call.attrs.axis) % 3
-        if shape[axis] != rec.length or shape[:axis] + shape[axis + 1:] != (batch, dim):
+        fields = list(call.args[0].fields)
+        stacked, axis = _stack_of(value_of, users, cat, (batch, dim), rec.length)
+        if stacked is None or len(fields) != len(rec.states):
             continue
         pieces = [_readout_piece(value_of, f, states) for f in fields]
         if any(p is None for p in pieces) or len({hash(p[2][1]) for p in pieces}) != 1:
@@ -307,21 +363,54 @@ def _stacked_readouts(rec, value_of):
         if times != sorted(times) or any(p[3] != t for p, t in zip(pieces, times)):
             why = f"the readouts in {cat.name} are not stacked in time order, each with its own C_t"
             continue
-        c_axes = _c_layout(value_of, fields[0], pieces[0], rec.state_shape, axis, rng)
+        c_axes = _c_layout(value_of, fields[0], pieces[0], rec.state_shape, rng)
         if c_axes is None:
             why = f"the readouts in {cat.name} are not sum_n h_t[b, d, n] * C_t[b, n]"
             continue
-        consumed = set(fields).union(*(p[4] for p in pieces))
-        return cat, axis, pieces[0][2][1].node, c_axes, consumed
+        consumed = set(fields).union(*(p[4] for p in pieces)) | {cat}
+        return stacked, axis, pieces[0][2][1].node, c_axes, consumed
     return why
+
+
+def _stack_of(value_of, users, cat, piece, length):
+    """``(var, axis)``: the (B, D, L)-like stack ``cat`` makes of ``length`` ``piece``-sized
+    readouts, time at ``axis``; ``(None, None)`` when it is not one."""
+    shape, call = tensor_shape(cat), value_of[cat]
+    if shape is None or len(shape) not in (2, 3):
+        return None, None
+    axis = int(call.attrs.axis) % len(shape)
+    if len(shape) == 3:                     # concat of expand_dims(y_t, axis)
+        if shape[axis] == length and shape[:axis] + shape[axis + 1:] == piece:
+            return cat, axis
+        return None, None
+    found = users.get(cat, [])              # concat of y_t along axis, then a reshape
+    stacked = list(piece)
+    stacked.insert(axis, length)
+    if len(found) == 1 and isinstance(found[0], relax.Var) and \
+            op_name(value_of.get(found[0])) == "relax.reshape" and tensor_shape(found[0]) == tuple(stacked):
+        return found[0], axis
+    return None, None
 
 
 def _axes_or_none(axes):
     return None if list(axes) == list(range(len(axes))) else list(axes)
 
 
+def _permutation(x, axes):
+    """``axes`` (from ``_layouts``), or None when transposing by them moves only unit dims
+    (a reshape alone then does it)."""
+    shape = tensor_shape(x)
+    moved = [a for a in axes if shape[a] != 1]
+    return None if moved == sorted(moved) else list(axes)
+
+
+def _as_is(x, axes, sizes):
+    """``x`` is already in the layout ``sizes`` (``axes`` from ``_layouts``)."""
+    return _permutation(x, axes) is None and tensor_shape(x) == tuple(sizes)
+
+
 def _match_readout(rec, value_of, users, found):
-    stack = _stacked_readouts(rec, value_of)
+    stack = _stacked_readouts(rec, value_of, users)
     if isinstance(stack, str):
         return stack
     cat, axis, c, c_axes, readouts = stack
@@ -330,26 +419,28 @@ def _match_readout(rec, value_of, users, found):
     if stray:
         return f"state {stray[0].name} is used outside the readout"
     last_users = any(u not in internal for u in users.get(rec.states[-1], []))
+    batch, dim, dstate = rec.state_shape
+    bdl, bnl = (batch, dim, rec.length), (batch, dstate, rec.length)
     (u, u_axes), (delta, delta_axes) = found["u"], found["delta"]
     output, skip, gate, raw, bias = cat, None, None, None, None
-    if axis == 2 and _axes_or_none(u_axes) is None:              # y in u's (B, D, L) layout
+    if axis == 2 and _as_is(u, u_axes, bdl):                    # y in u's (B, D, L) layout
         output, skip, gate = _epilogue(value_of, users, cat, u)
-    if _axes_or_none(delta_axes) is None:
+    if _as_is(delta, delta_axes, bdl):
         raw, bias = _softplus_of_biased(value_of, delta)
-    batch, dim, dstate = rec.state_shape
     spec = SelectiveScanSpec(batch, dim, rec.length, dstate, has_D=skip is not None,
                              has_z=gate is not None, has_delta_bias=bias is not None,
                              delta_softplus=raw is not None, has_h0=rec.initial is not None,
                              dtype=rec.dtype, return_last_state=last_users)
     dt, f32 = rec.dtype, "float32"
-    operands = [(u, u_axes, dt), (raw, None, dt) if raw is not None else (delta, delta_axes, dt),
-                (*found["A"], f32), (*found["B"], dt), (c, c_axes, dt)]
-    operands += [(x, None, d) for x, d in ((skip, f32), (gate, dt), (bias, f32), (rec.initial, dt))
+    operands = [(u, u_axes, bdl, dt),
+                (raw, None, None, dt) if raw is not None else (delta, delta_axes, bdl, dt),
+                (*found["A"], (dim, dstate), f32), (*found["B"], bnl, dt), (c, c_axes, bnl, dt)]
+    operands += [(x, None, None, d) for x, d in ((skip, f32), (gate, dt), (bias, f32), (rec.initial, dt))
                  if x is not None]
-    operands = [(x, _axes_or_none(p) if p is not None else None, d) for x, p, d in operands]
+    operands = [(x, None if p is None else _permutation(x, p), shape, d) for x, p, shape, d in operands]
     out_axes = [0, 1]
     out_axes.insert(axis, 2)
-    emit_at = _emit_point(rec, value_of, [x for x, _, _ in operands], output, last_users)
+    emit_at = _emit_point(rec, value_of, [op[0] for op in operands], output, last_users)
     if emit_at is None:
         return "an operand of the scan is computed after the loop that uses the final state"
     return SelectiveMatch(spec, operands, output, _axes_or_none(out_axes), str(tensor_dtype(output)),

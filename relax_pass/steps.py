@@ -46,7 +46,7 @@ def _step_slice(value_of, value):
         if isinstance(t, int) and tensor_shape(value.args[1]) == () and x_shape is not None:
             axis = int(value.attrs.axis) % len(x_shape)
             if x_shape[axis] > 1:              # (``[:, 0]`` of a unit dim is a squeeze)
-                return ("slice", Ref(value.args[0]), axis), t % x_shape[axis]
+                return ("slice", _base(value_of, value.args[0]), axis), t % x_shape[axis]
     if name == "relax.strided_slice":
         x_shape = tensor_shape(value.args[0])
         axes, begin, end = (_int_list(a) for a in value.args[1:4])
@@ -56,7 +56,7 @@ def _step_slice(value_of, value):
         axis = axes[0] % len(x_shape)
         lo, hi = begin[0] % x_shape[axis], end[0] if end[0] >= 0 else end[0] + x_shape[axis]
         if hi - lo == 1 and x_shape[axis] > 1:
-            return ("slice", Ref(value.args[0]), axis, "keep"), lo
+            return ("slice", _base(value_of, value.args[0]), axis, "keep"), lo
     if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
         split = value_of.get(value.tuple_value)
         if op_name(split) == "relax.split":
@@ -66,7 +66,7 @@ def _step_slice(value_of, value):
             unit = (int(sections) == x_shape[axis] if not hasattr(sections, "__len__") else
                     [int(v) for v in sections] == list(range(1, x_shape[axis]))) if x_shape else False
             if unit and x_shape[axis] > 1:
-                return ("slice", Ref(split.args[0]), axis, "keep"), int(value.index)
+                return ("slice", _base(value_of, split.args[0]), axis, "keep"), int(value.index)
     return None
 
 
@@ -116,6 +116,39 @@ class Ref:
 
     def __eq__(self, other):
         return isinstance(other, Ref) and other._handle == self._handle
+
+
+class View(Ref):
+    """A sliced tensor that is a layout view of another (``B[:, None, :, t]`` exports one
+    ``expand_dims(B)`` per step): equal to every view made the same way of the same tensor, so
+    the steps' templates agree; ``node`` is the first such view (any one holds the values)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, node, key):
+        super().__init__(node)
+        self.key = key
+        self._handle = hash(key)
+
+    def __hash__(self):
+        return self._handle
+
+    def __eq__(self, other):
+        return isinstance(other, View) and other.key == self.key
+
+
+_VIEWS = ("relax.expand_dims", "relax.reshape", "relax.permute_dims", "relax.squeeze")
+
+
+def _base(value_of, x):
+    """How a slice names the tensor it slices: ``Ref`` by identity, or a ``View`` by how it
+    is made from one."""
+    value = value_of.get(x) if isinstance(x, relax.Var) else None
+    if op_name(value) in _VIEWS and isinstance(value.args[0], relax.Var):
+        inner = _base(value_of, value.args[0])
+        return View(x, (op_name(value), str(value.attrs) if value.attrs is not None else "",
+                        tensor_shape(x), inner))
+    return Ref(x)
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,33 @@ def _same_layout(x, y):
     return x.shape == y.shape and bool(np.all(x == y))
 
 
+def _first_use(value_of, position, v, const, budget):
+    """Just before the binding that reads the constant ``const`` (found walking back from
+    ``v``): nothing bound earlier can depend on it.  (The frontends make a constant node per
+    use; without this bound, a constant initial state far into a function reads as "too far
+    from the state" and its first step is lost.)"""
+    queue, seen = [v], VarMap()
+    for e in queue:
+        if len(queue) > budget or not isinstance(e, relax.Var) or e in seen:
+            continue
+        seen[e] = True
+        value = value_of.get(e)
+        if not isinstance(value, relax.Call):
+            continue
+        args = call_args(value)
+        if any(a.same_as(const) for a in args):
+            return position.get(e, 0) - 1
+        queue.extend(a for a in args if isinstance(a, relax.Var))
+    return -1
+
+
 class _Reader:
     """One reading of ``v`` as affine in ``p``: memoized over the bindings between them."""
 
-    def __init__(self, value_of, position, p, budget):
+    def __init__(self, value_of, position, p, budget, v=None):
         self.value_of, self.position, self.p = value_of, position, p
-        self.start = position.get(p, -1) if isinstance(p, relax.Var) else -1
+        self.start = position.get(p, -1) if isinstance(p, relax.Var) else \
+            _first_use(value_of, position, v, p, budget)
         self.memo = VarMap()
         self.budget = budget
 
@@ -231,7 +252,7 @@ def affine_in(value_of, position, v, p, budget=READ_BUDGET):
     function of ``p``; ``FREE`` when ``v`` does not depend on ``p``.  At most ``budget`` bindings
     are visited (a step of an unrolled chain is a few)."""
     try:
-        r = _Reader(value_of, position, p, budget).read(v)
+        r = _Reader(value_of, position, p, budget, v).read(v)
     except _TooFar:
         return NotAffine("(too far from the state for one step)", v)
     if isinstance(r, Affine) and r.layout is not None:

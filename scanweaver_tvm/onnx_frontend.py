@@ -165,7 +165,74 @@ def _fold_static_shapes(model):
     the ``Slice``/``Reshape`` targets are plain integers.  A ``Shape`` whose input is not fully
     known (a dynamic axis) is left to TVM as before, and so is any model shape inference rejects.
     Only the main graph is rewritten (Scan/Loop bodies are converted by ``_Lifter``).
+
+    Repeated to a fixed point, with the integer arithmetic on folded shapes evaluated in
+    between (``_fold_integer_nodes``): ONNX's data propagation does not follow ``Div`` and
+    friends, so the ``Slice`` bounds of ``chunk`` stay unknown, and every shape after them, until
+    they are constants (``torch.onnx`` exports of a two-layer Mamba fail in TVM otherwise).
     """
+    for _ in range(MAX_FOLD_ROUNDS):
+        folded = _fold_integer_nodes(_fold_once(model))
+        if folded is model:
+            break
+        model = folded
+    return model
+
+
+MAX_CONST_ELEMENTS = 1 << 12     # integer tensors folded at import: shapes and indices, not data
+
+
+def _fold_integer_nodes(model):
+    """``model`` with every main-graph node whose inputs are all constants and whose outputs
+    are small integer tensors replaced by ``Constant`` nodes (evaluated by ``onnx.reference``);
+    ``model`` itself when there is none."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    known = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+             if np.prod(init.dims, dtype=np.int64) <= MAX_CONST_ELEMENTS}
+    nodes, changed = [], False
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            try:
+                known[node.output[0]] = ReferenceEvaluator(node).run(None, {})[0]
+            except Exception:  # pylint: disable=broad-except  # a form we do not fold
+                pass
+            nodes.append(node)
+            continue
+        inputs = [i for i in node.input if i]
+        if node.domain not in ("", "ai.onnx") or not inputs or any(i not in known for i in inputs) \
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            nodes.append(node)
+            continue
+        try:
+            outs = ReferenceEvaluator(node).run(None, {i: known[i] for i in inputs})
+        except Exception:  # pylint: disable=broad-except  # left to TVM, as before
+            nodes.append(node)
+            continue
+        if not all(isinstance(o, np.ndarray) and o.dtype.kind in "iub" and o.size <= MAX_CONST_ELEMENTS
+                   for o in outs):
+            nodes.append(node)
+            continue
+        for name, value in zip(node.output, outs):
+            known[name] = value
+            nodes.append(onnx.helper.make_node("Constant", [], [name], name=f"{node.name or name} (folded)",
+                                               value=numpy_helper.from_array(value)))
+        changed = True
+    if not changed:
+        return model
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    del folded.graph.node[:]
+    folded.graph.node.extend(nodes)
+    return folded
+
+
+MAX_FOLD_ROUNDS = 16
+
+
+def _fold_once(model):
+    """One round of ``_fold_static_shapes``: ``model`` itself when nothing folds."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as err:  # pylint: disable=broad-except  # inference is an optimization only

@@ -118,3 +118,45 @@ def test_negative_select_and_bool_cumsum_are_repaired():
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w.numpy())
     assert torch_repairs.repair(mod).script() == text     # repairing twice changes nothing
+
+
+def onnx_export(model, ids):
+    import io
+    import warnings
+
+    import onnx
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = model
+
+        def forward(self, input_ids):
+            return self.lm(input_ids, use_cache=False).logits
+
+    f = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")                # the TorchScript exporter's notices
+        torch.onnx.export(Logits(), (ids,), f, dynamo=False, opset_version=17)
+    return onnx.load_from_string(f.getvalue())
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_mamba_onnx_export_is_fused_and_matches_pytorch_and_onnxruntime(layers):
+    """``torch.onnx.export`` of the same model: no-op ``Cast``s of the state, constant initial
+    states deep in the graph, ``chunk`` bounds computed from ``Shape``; every layer is one
+    selective scan, and the compiled model agrees with PyTorch and ONNX Runtime."""
+    import onnxruntime
+
+    model = hf_mamba(layers)
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(4))
+    exported = onnx_export(model, ids)
+    mod = sw.from_onnx(exported)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("selective", False, 8)] * layers, found
+    want = logits(model, ids)
+    session = onnxruntime.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    ort = session.run(None, {session.get_inputs()[0].name: ids.numpy()})[0]
+    got = run_model(mod, [ids])
+    assert_outputs_match(got, [want], rtol=1e-4)
+    assert_outputs_match(got, [ort], rtol=1e-4)

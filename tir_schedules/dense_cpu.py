@@ -21,6 +21,7 @@ from tvm.s_tir import dlight as dl
 MR = 8
 LANES = 16      # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 NR = 2 * LANES  # columns of C per register tile
+PREPROC = "meta_schedule.layout_rewrite_preproc"   # TVM's mark of a weight-repacking block
 
 
 def _iter_kinds(block):
@@ -45,11 +46,19 @@ class DenseCPU(dl.ScheduleRule):
     def is_target_available(self, target):
         return target.kind.name == "llvm"
 
-    def apply(self, func, target, _tunable):  # pylint: disable=too-many-locals
+    def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
+        try:
+            return self._schedule(func)
+        except RuntimeError:      # a primitive refused this function: leave it unscheduled
+            return None
+
+    def _schedule(self, func):  # pylint: disable=too-many-locals
         sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root") if _has_root(sch) else None)
+        if not _has_root(sch):
+            return None
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
         main = [b for b in blocks if 2 in _iter_kinds(sch.get(b))]
         if len(main) != 1 or not _is_multiply_add(sch.get(main[0])):
             return None
@@ -57,25 +66,30 @@ class DenseCPU(dl.ScheduleRule):
         kinds = _iter_kinds(sch.get(mm))
         if kinds.count(2) != 1 or kinds[-1] != 2 or len(kinds) < 2 or len(sch.get_loops(mm)) != len(kinds):
             return None
-        others = [b for b in blocks if not b.same_as(mm)]
         position = [i for i, b in enumerate(blocks) if b.same_as(mm)][0]
-        for b in others[:position][::-1]:          # producers (reshapes, casts) into their users
+        for b in blocks[:position][::-1]:          # producers (reshapes, casts) into their users
             try:
                 sch.compute_inline(b)
-            except tvm.error.TVMError:
+            except RuntimeError:
                 return None
-        epilogue = others[position:]
-        extent = sch.get(sch.get_loops(mm)[-2]).extent
-        if not isinstance(extent, tvm.tirx.IntImm):
+        extents = [sch.get(loop).extent for loop in sch.get_loops(mm)]
+        if not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
             return None
-        if int(extent) % NR:                       # ragged j: pad it, so vectors need no mask
-            sch.pad_einsum(mm, [1] * (len(kinds) - 2) + [NR, 1])
+        rows, cols = (int(extents[-3]) if len(extents) > 2 else 1), int(extents[-2])
+        tile_rows = MR if rows > MR else rows      # (a GEMV-like few rows: one tile of them)
+        if rows % tile_rows or cols % NR:          # ragged: pad, so no tile needs a predicate
+            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [NR, 1])
+            for b in sch.get_producers(mm):        # the activations' padded copy: read in place
+                try:
+                    sch.compute_inline(b)
+                except RuntimeError:
+                    pass
         *outer, k = sch.get_loops(mm)
         j = outer.pop()
         i = outer.pop() if outer else None
         jo, ji = sch.split(j, [None, NR])
         if i is not None:
-            io, ii = sch.split(i, [None, MR])
+            io, ii = sch.split(i, [None, tile_rows])
             sch.reorder(*outer, jo, io, k, ii, ji)     # the tiles of one B panel in a row
             tiles = [*outer, jo, io]
         else:
@@ -84,15 +98,13 @@ class DenseCPU(dl.ScheduleRule):
         _pack_weight(sch, mm, func)
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
-        for b in epilogue:                         # bias, activation: on the tile, while hot
+        for b in _after(sch, acc):                 # bias, activation: on the tile, while hot
+            if not _sole_consumer(sch, b):         # (the first that does not inline, and all
+                break                              # after it, stay whole loops of their own)
             try:
                 sch.reverse_compute_inline(b)
-            except tvm.error.TVMError:
-                try:
-                    sch.reverse_compute_at(b, tiles[-1])
-                    sch.vectorize(sch.get_loops(b)[-1])
-                except tvm.error.TVMError:
-                    pass
+            except RuntimeError:
+                break
         sch.vectorize(sch.get_loops(acc)[-1])
         sch.parallel(sch.fuse(*tiles))
         sch.vectorize(ji)                          # (before the init is split off: a reduction
@@ -100,6 +112,21 @@ class DenseCPU(dl.ScheduleRule):
             sch.unroll(ii)
         sch.decompose_reduction(mm, k)
         return sch
+
+
+def _sole_consumer(sch, block):
+    """``block`` reads one block's output and is its only reader.  (TVM 0.27's
+    ``reverse_compute_inline`` also inlines a consumer whose producer feeds others, and then
+    drops the buffer they still read: "Buffer ... is used before its definition".)"""
+    producers = sch.get_producers(block)
+    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
+
+
+def _after(sch, block):
+    """The blocks after ``block`` under the root, in order."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+    return blocks[names.index(sch.get(block).name_hint) + 1:]
 
 
 def _pack_weight(sch, mm, func):
@@ -133,7 +160,7 @@ def _pack_weight(sch, mm, func):
                 continue
             cache = pads[0]
         sch.transform_layout(cache, ("write", 0), panels, pad_value=0.0)
-        sch.annotate(cache, "meta_schedule.layout_rewrite_preproc", True)
+        sch.annotate(cache, PREPROC, True)
         return
 
 
@@ -141,7 +168,7 @@ def _has_root(sch):
     try:
         sch.get_sblock("root")
         return True
-    except (tvm.error.TVMError, ValueError):
+    except (RuntimeError, ValueError):
         return False
 
 
@@ -153,17 +180,27 @@ def schedule_passes():
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.SplitLayoutRewritePreproc")
 def _split_layout_rewrite_preproc(mod, _ctx):
-    """TVM's ``SplitLayoutRewritePreproc``, shown only the PrimFuncs with a root block: it
-    fails on any other ("The body of the primfunc should be a root block"), and our scan
-    kernels (``LowerScans``) are already scheduled TIR without one."""
-    hidden = {gv: f for gv, f in mod.functions_items()
-              if isinstance(f, tirx.PrimFunc) and not isinstance(f.body, s_tir.SBlockRealize)}
-    shown = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in hidden},
-                         attrs=mod.attrs)
+    """TVM's ``SplitLayoutRewritePreproc``, shown only the PrimFuncs ``DenseCPU`` packed a
+    weight in: it fails on many others ("The body of the primfunc should be a root block" on
+    our scan kernels, "There should be a compute block ..." on some legalized ops)."""
+    packed = {gv for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and _packs(f)}
+    if not packed:
+        return mod
+    shown = tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                          if gv in packed or not isinstance(f, tirx.PrimFunc)}, attrs=mod.attrs)
     out = relax.transform.SplitLayoutRewritePreproc()(shown)
-    for gv, f in hidden.items():
-        out[gv] = f
+    for gv, f in mod.functions_items():
+        if isinstance(f, tirx.PrimFunc) and gv not in packed:
+            out[gv] = f
     return out
+
+
+def _packs(func):
+    """``func`` has a block marked as a layout-rewrite preprocess (``_pack_weight``); only a
+    scheduled function with layout-free buffers can (TVM 0.27 has no Python TIR visitor, so
+    the few candidates are read as text)."""
+    attrs = func.attrs or {}
+    return "layout_free_buffers" in attrs and "tirx.is_scheduled" in attrs and PREPROC in func.script()
 
 
 def cpu_pipeline(target):
