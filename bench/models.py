@@ -277,9 +277,42 @@ def bench_one(name, length, budget_s):
         row["eager_1t"] = eager(model, inputs, 1, budget_s)
     log(f"  PyTorch eager  {row['eager']['ms']:9.3f} ms ({THREADS} threads), "
         f"{row['eager_1t']['ms']:.3f} ms (1 thread)")
+    if name == "hf_mamba":
+        row["ort"] = onnx_runtime(model, inputs, want, budget_s)
     row["ratios"] = ratios(row)
     log("  " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
     return row
+
+
+def onnx_runtime(model, inputs, want, budget_s):
+    """ONNX Runtime (CPU provider, its default threads) on ``torch.onnx.export`` of ``model``
+    (the TorchScript exporter: the loop unrolled, as our ONNX tests export), checked against
+    PyTorch.  Where the export or the session fails, the cell says why."""
+    import io
+    import warnings
+
+    import onnxruntime
+    import torch
+
+    res = {}
+    try:
+        with step("exporting to ONNX (torch.onnx.export, TorchScript)", res, "export_s"):
+            f = io.BytesIO()
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, tuple(inputs), f, dynamo=False, opset_version=17)
+        with step("loading ONNX Runtime session", res, "session_s"):
+            session = onnxruntime.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+        feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
+        res["rel_err"] = check([session.run(None, feed)[0]], want)
+        with step("timing ONNX Runtime"):
+            res["run"] = time_ms(lambda: session.run(None, feed), warmup=2, repeats=30,
+                                 budget_s=budget_s, stats=True)
+        log(f"  ONNX Runtime   {res['run']['ms']:9.3f} ms   rel err {res['rel_err']:.1e}")
+    except Exception as e:  # pylint: disable=broad-except  # a failed cell, not a failed run
+        res["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        log(f"  ONNX Runtime: FAILED: {res['error']}")
+    return res
 
 
 def ratios(row):
@@ -290,6 +323,8 @@ def ratios(row):
         out["tvm.compile speedup"] = wo["compile_s"] / w["compile_s"]
     if "run" in w and "run" in wo:
         out["run speedup"] = wo["run"]["ms"] / w["run"]["ms"]
+    if "run" in w and "run" in row.get("ort", {}):
+        out["vs onnxruntime"] = row["ort"]["run"]["ms"] / w["run"]["ms"]
     if "run" in w:
         out["vs eager"] = row["eager"]["ms"] / w["run"]["ms"]
         out["vs eager 1t"] = row["eager_1t"]["ms"] / w["run"]["ms"]

@@ -60,6 +60,7 @@ class Recurrence:
     indices: tuple = field(default=(), repr=False)              # slice index of each state
     analysis: object = field(default=None, repr=False)
     selective: object = field(default=None, repr=False)          # SelectiveMatch when form == "selective"
+    selective_miss: str = field(default="", repr=False)         # why an affine chain is not selective
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
     lone: bool = field(default=False, repr=False)               # a near miss of lone steps

@@ -49,6 +49,8 @@ def find(mod, cumulative=False):
                     match = match_selective(rec, value, users)
                     if isinstance(match, SelectiveMatch):
                         rec.form, rec.selective = "selective", match
+                    else:
+                        rec.selective_miss = match
                 found.append(rec)
     return found
 

@@ -102,3 +102,19 @@ def test_state_used_elsewhere_stays_an_affine_scan():
     mod = sw.from_torch(Both(), args)
     assert [r.form for r in sw.find_recurrences(mod)] == ["affine"]
     assert_outputs_match(run_model(mod, args), torch_outputs(Both(), args), rtol=1e-5)
+
+
+def test_a_reverse_selective_loop_says_why_it_stays_affine():
+    class Reverse(torch.nn.Module):
+        def forward(self, u, delta, A, B, C):
+            h = torch.zeros(u.shape[0], u.shape[1], A.shape[1])
+            ys = []
+            for t in reversed(range(u.shape[2])):
+                h = torch.exp(delta[:, :, t, None] * A) * h + (delta[:, :, t] * u[:, :, t])[..., None] * B[:, None, :, t]
+                ys.append((h * C[:, None, :, t]).sum(-1))
+            return torch.stack(ys[::-1], -1)
+
+    args = [torch.randn(2, 3, 5), torch.rand(2, 3, 5), -torch.rand(3, 4), torch.randn(2, 4, 5), torch.randn(2, 4, 5)]
+    (rec,) = sw.find_recurrences(sw.from_torch(Reverse(), args))
+    assert (rec.form, rec.reverse) == ("affine", True)
+    assert "not a forward scan" in rec.selective_miss

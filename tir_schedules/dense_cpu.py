@@ -80,6 +80,8 @@ class DenseCPU(dl.ScheduleRule):
         if rows % tile_rows or cols % NR:          # ragged: pad, so no tile needs a predicate
             sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [NR, 1])
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
+                if _reads_weights_only(sch, b, func):
+                    continue                       # (the weight's is repacked: _pack_weight)
                 try:
                     sch.compute_inline(b)
                 except RuntimeError:
@@ -129,20 +131,29 @@ def _after(sch, block):
     return blocks[names.index(sch.get(block).name_hint) + 1:]
 
 
+def _layout_free(func):
+    attrs = func.attrs or {}
+    return {int(i) for i in attrs["layout_free_buffers"]} if "layout_free_buffers" in attrs else set()
+
+
+def _is_weight(func, source):
+    """``source`` is a parameter of ``func`` marked layout-free (a constant or weight)."""
+    params = [i for i, p in enumerate(func.params) if p.same_as(source)]
+    return bool(params) and params[0] in _layout_free(func)
+
+
+def _reads_weights_only(sch, block, func):
+    return all(_is_weight(func, r.source) for r in sch.get(block).reads)
+
+
 def _pack_weight(sch, mm, func):
     """Read a weight ``B[..., k, j]`` (a layout-free buffer: a constant or parameter, as
     ``AttachAttrLayoutFreeBuffers`` marks them) in panels ``[..., j // NR, k, j % NR]``, so a
     tile streams its ``k x NR`` panel contiguously instead of touching one page per ``k``.  The
     repacking block is marked as a layout-rewrite preprocess: ``SplitLayoutRewritePreproc``
     moves it out and ``FoldConstant`` runs it once, at compile time, on constant weights."""
-    attrs = func.attrs or {}
-    free = {int(i) for i in attrs["layout_free_buffers"]} if "layout_free_buffers" in attrs else set()
     block = sch.get(mm)
     j_var, k_var = block.iter_vars[-2].var, block.iter_vars[-1].var
-
-    def weight_param(source):
-        params = [i for i, p in enumerate(func.params) if p.same_as(source)]
-        return bool(params) and params[0] in free
 
     def panels(*i):
         return (*i[:-2], i[-1] // NR, i[-2], i[-1] % NR)
@@ -151,12 +162,12 @@ def _pack_weight(sch, mm, func):
         mins = [r.min for r in read.region]
         if len(mins) < 2 or not (mins[-1].same_as(j_var) and mins[-2].same_as(k_var)):
             continue
-        if weight_param(read.source):
+        if _is_weight(func, read.source):
             cache = sch.cache_read(mm, index, "global")
         else:                                      # the zero-padded copy pad_einsum made
             producers = sch.get_producers(mm)
             pads = [p for p in producers if any(w.source.same_as(read.source) for w in sch.get(p).writes)]
-            if len(pads) != 1 or not all(weight_param(r.source) for r in sch.get(pads[0]).reads):
+            if len(pads) != 1 or not _reads_weights_only(sch, pads[0], func):
                 continue
             cache = pads[0]
         sch.transform_layout(cache, ("write", 0), panels, pad_value=0.0)
