@@ -7,32 +7,30 @@ every piece checks out, the chain, its (B, D, L, N) coefficient tensors and the 
 ONE ``scanweaver.selective_scan`` on ``u, delta, A, B, C`` (plus the ``D`` skip, the ``silu(z)``
 gate and ``softplus(delta + bias)`` when they follow).
 
-The pieces are found by meaning, not by spelling: ``delta``, ``A``, ``u``, ``B`` are the nearest
-tensors below a step's coefficients whose shapes are a permutation of (B, D, L), (D, N),
-(B, N, L); each choice and axis order is accepted only if evaluating the coefficient on random
-values of those tensors (``interpret.py``) gives exactly the einsum above.  So broadcasts,
+The pieces are found by meaning, not by spelling (``operands.py``): ``delta``, ``A``, ``u``,
+``B`` are the nearest tensors below a step's coefficients with the extents of (B, D, L), (D, N),
+(B, N, L) up to order and unit dims; each choice and axis order is accepted only if evaluating
+the coefficient on random values of those tensors (``interpret.py``) gives exactly the einsum
+above.  So broadcasts,
 einsums, casts, per-step slices of whole-sequence tensors or coefficients computed per step,
 and B/C in (B, L, N) or (B, N, L) layout all read the same.  The readout is checked the same
 way on random ``h_t`` and ``C_t``, whatever ops (``matmul``, ``einsum``, ``(h*C).sum(-1)``)
 and stack axis spell it.  Anything else returns a reason, and the chain stays an affine scan.
 """
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from scanweaver_core.exprs import VarMap, call_args
+from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import SelectiveScanSpec
 
-from .interpret import Interpreter, Unsupported
 from .npeval import SUPPORTED, evaluate, inputs
-from .steps import WIDTH, _step_slice, op_name, tensor_dtype, tensor_shape
+from .operands import agrees, choose, layouts_of_shape, operands_of, probe
+from .steps import _step_slice, op_name, tensor_dtype, tensor_shape
 
-SEARCH_BUDGET = 80       # nodes walked below a coefficient looking for its operands
-TRIES = 4                # nearest candidates tried per operand
-TENSORS = (relax.Var, relax.Call, tvm.ir.GenericConst)
+SEARCH_BUDGET = 80       # bindings walked from a stacked readout back to its state
 
 
 @dataclass
@@ -45,134 +43,6 @@ class SelectiveMatch:
     readouts: set           # bindings of the readout subgraphs (consumed)
     last_users: bool        # the final state is used elsewhere (return it too)
     emit_at: relax.Var      # the binding before which the scan is emitted
-
-
-def _nearest(value_of, expr, sizes):
-    """Tensors below ``expr`` whose shape is a permutation of ``sizes``, nearest first
-    (breadth-first through any op, at most ``SEARCH_BUDGET`` nodes)."""
-    want, found, queue, seen = _sizes(sizes), [], [expr], VarMap()
-    for v in queue:
-        if len(queue) > SEARCH_BUDGET:
-            break
-        if isinstance(v, relax.Var):
-            if v in seen:
-                continue
-            seen[v] = True
-        shape = tensor_shape(v)
-        if shape is not None and _sizes(shape) == want and not v.same_as(expr):
-            root = _view_root(value_of, v)
-            if not any(root.same_as(f) for f in found):
-                found.append(root)
-        queue.extend(_operands_of(value_of.get(v) if isinstance(v, relax.Var) else v))
-    return found[:TRIES]
-
-
-def _view_root(value_of, x):
-    """The tensor ``x`` is a view of, in the same layout (through unit-dim ops and widening
-    casts, which keep what it holds and in which order): two coefficients reading one
-    ``delta`` through their own ``expand_dims`` (or ``.float()``) share it."""
-    while isinstance(x, relax.Var):
-        call = value_of.get(x)
-        if not (op_name(call) in _UNIT_VIEWS or _widening(call) or _keeps_order(call)):
-            break
-        inner = call.args[0]
-        if tensor_shape(inner) is None or _extents(tensor_shape(inner)) != _extents(tensor_shape(x)):
-            break
-        x = inner
-    return x
-
-
-_UNIT_VIEWS = ("relax.expand_dims", "relax.squeeze", "relax.reshape")
-
-
-def _keeps_order(call):
-    """A ``permute_dims`` that moves only unit dims (the identity permutations export makes)."""
-    if op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
-        return False
-    shape = tensor_shape(call.args[0])
-    moved = [int(a) for a in call.attrs.axes if shape is not None and shape[int(a)] != 1]
-    return shape is not None and moved == sorted(moved)
-
-
-def _extents(shape):
-    return [n for n in shape if n != 1]
-
-
-def _widening(call):
-    """``call`` is an ``astype`` to a float type at least as wide (no value changes)."""
-    if op_name(call) != "relax.astype":
-        return False
-    source, target = tensor_dtype(call.args[0]), str(call.attrs.dtype)
-    return source in WIDTH and target in WIDTH and WIDTH[target] >= WIDTH[source]
-
-
-def _operands_of(value):
-    """The tensors ``value`` reads directly (tuple fields included)."""
-    if isinstance(value, relax.TupleGetItem):
-        return [value.tuple_value]
-    if not isinstance(value, relax.Call):
-        return []
-    out = []
-    for a in call_args(value):
-        out.extend(a.fields if isinstance(a, relax.Tuple) else [a])
-    return [a for a in out if isinstance(a, TENSORS)]
-
-
-def _sizes(shape):
-    """The extents that are not 1, sorted: what a tensor holds, up to layout and unit dims."""
-    return sorted(n for n in shape if n != 1)
-
-
-def _layouts(x, sizes):
-    """Axis orders ``p`` of ``x`` such that ``transpose(x, p).reshape(sizes)`` is ``x`` in the
-    layout ``sizes`` names: its non-unit axes in that order, unit axes last (a constant
-    ``A[None, :, None, :]`` is ``A``).  Several when extents repeat."""
-    return _layouts_of_shape(tensor_shape(x), sizes)
-
-
-def _layouts_of_shape(shape, sizes):
-    keep = [i for i, n in enumerate(shape) if n != 1]
-    units = tuple(i for i, n in enumerate(shape) if n == 1)
-    want = [n for n in sizes if n != 1]
-    return [p + units for p in itertools.permutations(keep) if [shape[i] for i in p] == want]
-
-
-def _probe(x, rng):
-    if isinstance(x, tvm.ir.GenericConst):
-        return x.value.numpy().astype(np.float64)
-    return rng.uniform(-1.0, 1.0, tensor_shape(x))
-
-
-def _agrees(value_of, expr, env, want):
-    """Does ``expr``, evaluated from ``env`` alone (constants aside), equal ``want``?"""
-    interp = Interpreter(value_of)
-    interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
-    try:
-        got = interp(expr)
-    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
-        return False
-    return got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-9)
-
-
-def _operands(value_of, expr, roles, formula, t, fixed=()):
-    """Choose one tensor (and axis order) per role so that ``expr`` equals ``formula`` at step
-    ``t``: ``roles`` maps a role to its canonical sizes; ``fixed`` gives roles already known
-    as ``(tensor, axes)``.  Returns ``{role: (tensor, axes)}`` or None."""
-    rng = np.random.default_rng(7)
-    fixed = dict(fixed)
-    free = [r for r in roles if r not in fixed]
-    options = [[(x, p) for x in _nearest(value_of, expr, roles[r]) for p in _layouts(x, roles[r])]
-               for r in free]
-    for choice in itertools.product(*options):
-        pick = {**fixed, **dict(zip(free, choice))}
-        tensors = [x for x, _ in pick.values()]
-        if len({hash(x) for x in tensors}) != len(tensors):
-            continue
-        values = {x: _probe(x, rng) for x in tensors}
-        canonical = {r: np.transpose(values[x], p).reshape(roles[r]) for r, (x, p) in pick.items()}
-        if _agrees(value_of, expr, values, formula(canonical, t)):
-            return pick
-    return None
 
 
 def _decay(c, t):
@@ -274,10 +144,10 @@ def match_selective(rec, value_of, users):
     t = _step_of(rec, rec.a)
     if t is None or _step_of(rec, rec.b) != t:
         return "a_t and b_t do not read one time step"
-    decay = _operands(value_of, rec.a, {"delta": bdl, "A": dn}, _decay, t)
+    decay = choose(value_of, rec.a, {"delta": bdl, "A": dn}, _decay, t)
     if decay is None:
         return "a_t is not exp(delta_t * A) for a (B, D, L) delta and a (D, N) A"
-    step_input = _operands(value_of, rec.b, {"delta": bdl, "u": bdl, "B": bnl}, _input, t,
+    step_input = choose(value_of, rec.b, {"delta": bdl, "u": bdl, "B": bnl}, _input, t,
                            fixed={"delta": decay["delta"]})
     if step_input is None:
         return "b_t is not delta_t * B_t * u_t for (B, D, L) u and a (B, N, L) B"
@@ -313,7 +183,7 @@ def _readout_piece(value_of, field, states):
         if not isinstance(value, (relax.Call, relax.TupleGetItem)):
             return None
         bindings.add(v)
-        stack.extend(_operands_of(value))
+        stack.extend(operands_of(value))
     if found_state is None or found_slice is None:
         return None
     return (found_state, *found_slice, bindings)
@@ -332,10 +202,10 @@ def _c_layout(value_of, field, piece, state_shape, rng):
     wanted = sum(n != 1 for n in (batch, dstate))
     if tensor_shape(field) is None or int(np.prod(tensor_shape(field))) != batch * state_shape[1]:
         return None
-    for p in _layouts_of_shape(c_step.shape, (batch, dstate)):
+    for p in layouts_of_shape(c_step.shape, (batch, dstate)):
         c_bn = np.transpose(c_step, p).reshape(batch, dstate)
         want = np.einsum("bdn,bn->bd", hv, c_bn).reshape(tensor_shape(field))
-        if _agrees(value_of, field, {h: hv, c_slice: cv}, want):
+        if agrees(value_of, field, {h: hv, c_slice: cv}, want):
             return [rest[i] for i in p[:wanted]] + [c_axis] + [rest[i] for i in p[wanted:]]
     return None
 
@@ -397,7 +267,7 @@ def _axes_or_none(axes):
 
 
 def _permutation(x, axes):
-    """``axes`` (from ``_layouts``), or None when transposing by them moves only unit dims
+    """``axes`` (from ``layouts``), or None when transposing by them moves only unit dims
     (a reshape alone then does it)."""
     shape = tensor_shape(x)
     moved = [a for a in axes if shape[a] != 1]
@@ -405,7 +275,7 @@ def _permutation(x, axes):
 
 
 def _as_is(x, axes, sizes):
-    """``x`` is already in the layout ``sizes`` (``axes`` from ``_layouts``)."""
+    """``x`` is already in the layout ``sizes`` (``axes`` from ``layouts``)."""
     return _permutation(x, axes) is None and tensor_shape(x) == tuple(sizes)
 
 
@@ -460,9 +330,9 @@ def _emit_point(rec, value_of, operands, output, last_users):
 def _computes(value_of, expr, operands, equation):
     """Does ``expr`` equal ``np.einsum(equation, *operands)`` on random operands?"""
     rng = np.random.default_rng(1)
-    values = {x: _probe(x, rng) for x in operands}
+    values = {x: probe(x, rng) for x in operands}
     try:
         want = np.einsum(equation, *values.values())
     except ValueError:
         return False
-    return _agrees(value_of, expr, values, want)
+    return agrees(value_of, expr, values, want)

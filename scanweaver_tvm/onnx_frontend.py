@@ -219,13 +219,7 @@ def _fold_integer_nodes(model):
             nodes.append(onnx.helper.make_node("Constant", [], [name], name=f"{node.name or name} (folded)",
                                                value=numpy_helper.from_array(value)))
         changed = True
-    if not changed:
-        return model
-    folded = onnx.ModelProto()
-    folded.CopyFrom(model)
-    del folded.graph.node[:]
-    folded.graph.node.extend(nodes)
-    return folded
+    return _with_nodes(model, nodes) if changed else model
 
 
 MAX_FOLD_ROUNDS = 16
@@ -262,8 +256,11 @@ def _fold_once(model):
                                          value=numpy_helper.from_array(value))
             changed = True
         nodes.append(node)
-    if not changed:
-        return model
+    return _with_nodes(model, nodes) if changed else model
+
+
+def _with_nodes(model, nodes):
+    """A copy of ``model`` whose main graph has ``nodes``."""
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     del folded.graph.node[:]
