@@ -30,7 +30,7 @@ from .npeval import SUPPORTED, evaluate, inputs
 from .operands import agrees, choose, layouts_of_shape, operands_of, probe
 from .steps import _step_slice, op_name, tensor_dtype, tensor_shape
 
-SEARCH_BUDGET = 80       # bindings walked from a stacked readout back to its state
+READOUT_BUDGET = 80      # bindings walked from a stacked readout back to its state
 
 
 @dataclass
@@ -172,7 +172,7 @@ def _readout_piece(value_of, field, states):
             found_state = v
             continue
         value = value_of.get(v)
-        if value is None or len(bindings) > SEARCH_BUDGET:
+        if value is None or len(bindings) > READOUT_BUDGET:
             return None                              # a parameter: not a readout of h and C_t
         step = _step_slice(value_of, value)
         if step is not None:

@@ -22,6 +22,7 @@ from tvm import relax
 
 from scanweaver_core.exprs import op_name, tensor_dtype, tensor_shape
 
+
 def convert_conv1d(node, importer):
     """``aten.conv1d``: TVM's converter for float32, ours (above) for other dtypes."""
     args = importer.retrieve_args(node)
