@@ -66,5 +66,8 @@ def _cached_call(fn, key, *args):
 
 
 def _cached(fn, spec, *args):
-    """One build per (spec, toolchain version) in this process."""
+    """One build per (spec, toolchain version) in this process (a supported symbolic spec in
+    its MLIR form: ``operands.mlir_spec``)."""
+    from .operands import mlir_spec
+    spec = mlir_spec(spec)
     return _cached_call(fn, (spec, version_key()), spec, *args)

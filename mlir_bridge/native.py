@@ -6,7 +6,7 @@ import tempfile
 
 import numpy as np
 
-from .operands import operands
+from .operands import mlir_spec, operands
 from .tools import MlirError, llc_object
 
 _LIBS = {}
@@ -41,6 +41,7 @@ def run_cpu(spec, *arrays):
     ``None``); outputs are allocated NaN-poisoned in the spec's dtype and returned in order."""
     import ml_dtypes
     np_dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    spec = mlir_spec(spec)
     ops = operands(spec)
     inputs = [o for o in ops if not o[3]]
     given = [a for a in arrays if a is not None]

@@ -4,7 +4,35 @@ Each operand is (name, shape, dtype); a ``None`` extent is the symbolic length L
 every stage, the kernels, the launch descriptions and the ctypes caller, so the order is
 written once.
 """
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
+import dataclasses
+
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, is_symbolic
+
+
+def mlir_spec(spec):
+    """The spec as the MLIR route takes it: an affine scan's symbolic L (a name or None) is
+    None, its one scalar argument.  Any other symbolic extent raises ``ValueError`` here, at
+    the entry, before any MLIR tool runs."""
+    def unsupported(field):
+        return ValueError(f"mlir realization: symbolic {field} is not supported yet; "
+                          "use realization='tir'")
+
+    if isinstance(spec, SelectiveScanSpec):
+        for field in ("batch", "length"):
+            if is_symbolic(getattr(spec, field)):
+                raise unsupported(f"{field} ({getattr(spec, field)!r}) of a selective scan")
+        return spec
+    if not isinstance(spec, AffineScanSpec):
+        return spec
+    for i, d in enumerate(spec.shape):
+        if i != spec.axis and is_symbolic(d):
+            raise unsupported(f"dimension {i} ({d!r}, not the scan axis)")
+    if isinstance(spec.length, str):
+        ax = spec.axis
+        shape = spec.shape[:ax] + (None,) + spec.shape[ax + 1:]
+        a_shape = spec.a_shape[:ax] + ((None,) if spec.a_shape[ax] != 1 else (1,)) + spec.a_shape[ax + 1:]
+        return dataclasses.replace(spec, shape=shape, a_shape=a_shape)
+    return spec
 
 
 def operands(spec):

@@ -18,7 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .operands import operands
+from .operands import mlir_spec, operands
 
 _LAUNCH_TAGS = ["blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z"]
 
@@ -41,18 +41,26 @@ def _symbolic_vars(sig):
     return found
 
 
+def _buffer(shape, dtype):
+    """An argument buffer; no layout when symbolic (TVM's default layout names the shape's vars,
+    which Relax's AttachAttrLayoutFreeBuffers does not rename when it copies a PrimFunc)."""
+    return T.buffer(shape, dtype, layout="default" if all(isinstance(d, int) for d in shape) else None)
+
+
 def _declare(sig, expected_names):
     names = [name for name, _, _ in sig]
     if list(expected_names) != names:
         raise RuntimeError(f"mlir_bridge: artifact operands {list(expected_names)} differ from the "
                            f"kernel argument convention {names}")
-    return {name: T.arg(name, T.buffer(shape, dtype)) for name, shape, dtype in sig}
+    return {name: T.arg(name, _buffer(shape, dtype)) for name, shape, dtype in sig}
 
 
 def cpu_primfunc(spec):
-    """A PrimFunc whose body calls the bridge's CPU entry, the LLVM IR imported alongside."""
+    """A PrimFunc whose body calls the bridge's CPU entry, the LLVM IR imported alongside.
+    Raises ``ValueError`` for a symbolic extent other than an affine scan's L."""
     import mlir_bridge
 
+    spec = mlir_spec(spec)
     art = mlir_bridge.cpu_llvm_ir(spec)
     sig = operand_signature(spec)
     scalars = _symbolic_vars(sig)
@@ -144,9 +152,11 @@ def _dims(value, env):
 
 def cuda_primfunc(spec, target, host):
     """``(host PrimFunc, device module)``: the host function launches the artifact's kernels
-    in order on the current stream."""
+    in order on the current stream.  Raises ``ValueError`` for a symbolic extent other than
+    an affine scan's L."""
     import mlir_bridge
 
+    spec = mlir_spec(spec)
     arch = target.attrs.get("arch", "sm_90")
     art = mlir_bridge.cuda_ptx(spec, arch=str(arch))
     sig = operand_signature(spec)
@@ -155,7 +165,7 @@ def cuda_primfunc(spec, target, host):
             T.func_name("scanweaver_scan")
             T.func_attr({"target": host, "tirx.noalias": True, "scanweaver.realization": "mlir",
                          "scanweaver.kernels": [k.name for k in art.kernels]})
-            bufs = {name: T.arg(name, T.buffer(shape, dtype)) for name, shape, dtype in sig}
+            bufs = {name: T.arg(name, _buffer(shape, dtype)) for name, shape, dtype in sig}
             env = {"L": spec.length, **_symbolic_vars(sig)}
             for kernel in art.kernels:
                 args = []

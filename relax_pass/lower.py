@@ -57,8 +57,20 @@ class _Lowerer(relax.PyExprMutator):
             func = func.with_attrs({"op_pattern": 8, "tirx.is_scheduled": True, "global_symbol": name})
             gvar = self.builder_.add_func(func, name)
             self.cache[spec] = gvar
-        types = output_types(spec)
-        return relax.op.call_tir(gvar, relax.Tuple(operands), types if len(types) > 1 else types[0])
+        return relax.op.call_tir(gvar, relax.Tuple(operands), _out_types(call, spec))
+
+
+def _out_types(call, spec):
+    """``call_tir``'s output types: the scan call's own (they carry the function's symbolic
+    shape vars, which the PrimFunc's own vars are bound to at call time); the spec's types when
+    the call has none."""
+    ty = call.ty_args[0] if len(call.ty_args) == 1 else None
+    if isinstance(ty, relax.TupleType):
+        return list(ty.fields)
+    if isinstance(ty, relax.TensorType):
+        return ty
+    types = output_types(spec)
+    return types if len(types) > 1 else types[0]
 
 
 def LowerScans(target, realization="tir", schedule=None, database=None):  # noqa: N802 (TVM pass naming)

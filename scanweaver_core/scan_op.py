@@ -13,17 +13,19 @@ import tvm
 from tvm import relax
 
 from .exprs import tensor_dtype, tensor_shape
-from .spec import AffineScanSpec, SelectiveScanSpec
+from .spec import AffineScanSpec, SelectiveScanSpec, is_symbolic, symbol_identifiers, symbol_name
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 
 
 def spec_to_json(spec):
+    """The spec's fields as JSON (symbolic extents stay names, None stays null)."""
     return json.dumps(dataclasses.asdict(spec), sort_keys=True)
 
 
 def spec_from_json(kind, text):
+    """Inverse of ``spec_to_json`` (lists back to tuples through the constructor)."""
     fields = json.loads(text)
     if kind is AffineScanSpec:
         return AffineScanSpec.create(fields["shape"], fields["a_shape"], fields["axis"], fields["reverse"],
@@ -32,22 +34,50 @@ def spec_from_json(kind, text):
 
 
 def output_types(spec):
-    """Relax types of the scan's outputs, in the PrimFunc's output order."""
+    """Relax types of the scan's outputs, in the PrimFunc's output order.  A symbolic extent is
+    a fresh int64 ``tirx.Var`` (one per distinct name in this call): standalone types; a call
+    inside a function with symbolic shapes takes its operands' vars instead (``make_scan``)."""
+    syms = {name: tvm.tirx.Var(ident, "int64") for name, ident in symbol_identifiers(spec).items()}
+    return _types(spec, lambda d: syms[symbol_name(d)] if is_symbolic(d) else d)
+
+
+def _types(spec, dim):
     if isinstance(spec, AffineScanSpec):
         shapes = {"states": spec.shape, "last": spec.state_shape}
-        return [relax.TensorType(shapes[k], spec.dtype) for k in spec.outputs]
-    out = [relax.TensorType((spec.batch, spec.dim, spec.length), spec.dtype)]
+        return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
+    bdl, bdn = (spec.batch, spec.dim, spec.length), (spec.batch, spec.dim, spec.dstate)
+    out = [relax.TensorType([dim(d) for d in bdl], spec.dtype)]
     if spec.return_last_state:
-        out.append(relax.TensorType((spec.batch, spec.dim, spec.dstate), spec.dtype))
+        out.append(relax.TensorType([dim(d) for d in bdn], spec.dtype))
     return out
 
 
-def make_scan(spec, operands):
+def _operand_dims(spec, operands):
+    """Name -> the operands' own PrimExpr for each symbolic extent (b's or u's shape), or None
+    when that shape is not known."""
+    source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
+    extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
+    shape = getattr(getattr(source, "ty", None), "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or len(values) != len(extents):
+        return None
+    return {symbol_name(d): v for d, v in zip(extents, values) if is_symbolic(d)}
+
+
+def make_scan(spec, operands, ty=None):
     """The Relax call of a scan on ``operands`` (the PrimFunc's inputs, in order, with the
-    spec's shapes: ``a`` already at b's rank, ``spec.a_shape``)."""
+    spec's shapes: ``a`` already at b's rank, ``spec.a_shape``).
+
+    The call's type is ``ty`` when given; else, for a symbolic spec, the outputs' symbolic
+    extents are the operands' own (from b's shape, or u's for a selective scan), so the
+    function's shape vars (``R.Tensor(("batch", "L", 4))``) flow into the result and on into
+    ``call_tir``; fresh vars (``output_types``) only when those shapes are unknown."""
     callee = "scanweaver.affine_scan" if isinstance(spec, AffineScanSpec) else "scanweaver.selective_scan"
-    types = output_types(spec)
-    ty = types[0] if len(types) == 1 else relax.TupleType(types)
+    if ty is None:
+        dims = _operand_dims(spec, operands) if spec.is_symbolic else None
+        types = output_types(spec) if dims is None else _types(
+            spec, lambda d: dims[symbol_name(d)] if is_symbolic(d) else d)
+        ty = types[0] if len(types) == 1 else relax.TupleType(types)
     return relax.op.call_pure_packed(callee, *operands, tvm.ir.StringImm(spec_to_json(spec)), ty_args=ty)
 
 

@@ -6,10 +6,18 @@ from the end.  ``SelectiveScanSpec``: Mamba's selective scan (see ``reference.se
 Inputs may be float32/float16/bfloat16; every realization accumulates in float32 and writes
 outputs in the input dtype.  Constructors validate and raise ``ValueError`` naming the operand,
 so a bad shape never reaches TVM.
+
+Extents are positive ints or *symbolic*: a non-empty ``str`` naming a size known only at call
+time (``"L"``, ``"batch"``, ``"L + 3"``), so one compiled kernel serves every value.  Two
+extents are the same value iff their strings are equal.  An affine spec's axis may also be
+``None``, the older spelling of a symbolic length; it is the name ``"L"`` (``symbol_name``).
+Each distinct name becomes one int64 ``tirx.Var`` named ``symbol_identifiers(spec)[name]``.
 """
+import re
 from dataclasses import dataclass
 
-__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "AffineScanSpec", "SelectiveScanSpec"]
+__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "AffineScanSpec", "SelectiveScanSpec", "is_symbolic",
+           "symbol_name", "symbol_identifiers", "static_or"]
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 OUTPUT_KINDS = ("states", "last")
@@ -22,17 +30,68 @@ def _check_dtype(dtype):
     return dtype
 
 
+def is_symbolic(extent):
+    """True for a symbolic extent: a name (``str``), or None (the axis' length ``"L"``)."""
+    return extent is None or isinstance(extent, str)
+
+
+def symbol_name(extent):
+    """The name of a symbolic extent (None is ``"L"``)."""
+    return "L" if extent is None else extent
+
+
+def static_or(extent, otherwise):
+    """``extent`` when it is a known int, else ``otherwise``: heuristics that size a schedule
+    from an extent pick for a symbolic one as for ``otherwise`` (typically a large value)."""
+    return otherwise if is_symbolic(extent) else extent
+
+
+def _identifier(name):
+    ident = re.sub(r"\W+", "_", name.strip()).strip("_") or "n"
+    return "_" + ident if ident[0].isdigit() else ident
+
+
+def symbol_identifiers(spec):
+    """``{name: identifier}`` of the spec's distinct symbolic extents in first-use order: the
+    names of the int64 variables standing for them in kernels and Relax types (unique per spec,
+    so ``"L+3"`` and ``"L + 3"`` do not print alike)."""
+    extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.length)
+    out = {}
+    for extent in extents:
+        if is_symbolic(extent) and symbol_name(extent) not in out:
+            ident, k = _identifier(symbol_name(extent)), 1
+            while ident in out.values():
+                ident, k = f"{_identifier(symbol_name(extent))}_{k}", k + 1
+            out[symbol_name(extent)] = ident
+    return out
+
+
 def _check_extent(name, value, symbolic_ok=False):
     if value is None and symbolic_ok:
         return None
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{name}: a symbolic extent needs a non-empty name, got {value!r}")
+        return value
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}: extent must be a positive int, got {value!r}")
+        raise ValueError(f"{name}: extent must be a positive int or a name (str), got {value!r}")
     return value
+
+
+def _product(extents):
+    """Product of int extents; None when any is symbolic."""
+    n = 1
+    for d in extents:
+        if is_symbolic(d):
+            return None
+        n *= d
+    return n
 
 
 @dataclass(frozen=True)
 class AffineScanSpec:
-    """Plain affine scan.  ``shape`` is b's shape; its ``axis`` entry is None for a symbolic L."""
+    """Plain affine scan.  ``shape`` is b's shape: ints or names on any dimension (None on the
+    axis: the name ``"L"``); each ``a_shape`` entry is 1 or equal to ``shape``'s."""
 
     shape: tuple
     a_shape: tuple
@@ -88,39 +147,42 @@ class AffineScanSpec:
 
     @property
     def length(self):
-        """L, or None when symbolic."""
+        """L: an int, or its symbolic extent (a name, or None)."""
         return self.shape[self.axis]
 
     @property
     def state_shape(self):
+        """b's shape without the axis (names kept)."""
         return self.shape[:self.axis] + self.shape[self.axis + 1:]
 
     @property
     def lanes(self):
-        """Number of independent recurrences (product of the non-axis dimensions)."""
-        n = 1
-        for d in self.state_shape:
-            n *= d
-        return n
+        """Number of independent recurrences (product of the non-axis dimensions); None when
+        one of them is symbolic."""
+        return _product(self.state_shape)
 
     @property
     def inner(self):
-        """Elements between consecutive steps of one lane (the stride of the axis)."""
-        n = 1
-        for d in self.shape[self.axis + 1:]:
-            n *= d
-        return n
+        """Elements between consecutive steps of one lane (the stride of the axis); None when
+        a dimension after the axis is symbolic."""
+        return _product(self.shape[self.axis + 1:])
+
+    @property
+    def is_symbolic(self):
+        """True when some extent is known only at call time."""
+        return any(is_symbolic(d) for d in self.shape)
 
 
 @dataclass(frozen=True)
 class SelectiveScanSpec:
     """Mamba selective scan: ``u, delta (B,D,L)``, ``A (D,N)``, ``B, C (B,N,L)`` or with
     ``groups`` G: ``(B,G,N,L)``; optional ``D (D,)``, ``z (B,D,L)``, ``delta_bias (D,)``, ``h0 (B,D,N)``.
-    ``A``, ``D`` and ``delta_bias`` are float32 parameters; the rest share ``dtype``."""
+    ``A``, ``D`` and ``delta_bias`` are float32 parameters; the rest share ``dtype``.
+    ``batch`` and ``length`` may be symbolic (names); ``dim``, ``dstate``, ``groups`` are ints."""
 
-    batch: int
+    batch: object            # int or str
     dim: int
-    length: int
+    length: object           # int or str
     dstate: int
     groups: int = 0          # 0: B, C are (B,N,L); G >= 1: (B,G,N,L)
     has_D: bool = False
@@ -133,7 +195,10 @@ class SelectiveScanSpec:
 
     def __post_init__(self):
         for name in ("batch", "dim", "length", "dstate"):
-            _check_extent(name, getattr(self, name))
+            _check_extent(name, getattr(self, name), symbolic_ok=False)
+        for name in ("dim", "dstate"):
+            if isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: must be a positive int (only batch and length may be symbolic)")
         if self.groups and (self.groups < 0 or self.dim % self.groups):
             raise ValueError(f"B/C: {self.groups} groups do not divide D={self.dim}")
         _check_dtype(self.dtype)
@@ -172,6 +237,11 @@ class SelectiveScanSpec:
             if arr is not None and str(arr.dtype) != "float32":
                 raise ValueError(f"{name}: dtype {arr.dtype} must be float32 (a parameter)")
         return spec
+
+    @property
+    def is_symbolic(self):
+        """True when batch or length is known only at call time."""
+        return is_symbolic(self.batch) or is_symbolic(self.length)
 
     @property
     def bc_shape(self):

@@ -6,7 +6,7 @@ first that applies, in order of preference, unless a schedule is named.
 """
 import tvm
 
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, static_or
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
 from . import cpu, gpu_blelloch, gpu_chunked, gpu_warp, selective_cpu, selective_gpu
@@ -30,7 +30,8 @@ def _preferred(spec, kind):
     names = [n for n, m in REALIZATIONS.items() if m.TARGET == kind and m.FORM == form and m.applies(spec)]
     if kind == "cuda" and form == "affine":
         # few lanes and a long L leave SMs idle with one block per lane: split L across blocks
-        few_lanes = spec.lanes < 132 and (spec.length or 0) >= 8192
+        # (a symbolic extent counts as large: many lanes, a long L)
+        few_lanes = static_or(spec.lanes, 1 << 30) < 132 and static_or(spec.length, 1 << 30) >= 8192
         names.sort(key=lambda n: {"chunked": 0 if few_lanes else 2, "warp": 1}.get(n, 3))
     return names
 

@@ -16,9 +16,9 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import IDENTITY, apply, compose
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, static_or
 
-from .layout import build_plain, named
+from .layout import buffer_layout, build_plain, named
 
 NAME = "cpu"
 TARGET = "cpu"
@@ -32,12 +32,17 @@ def applies(spec):
 def default_config(spec, cores=2):
     """Vector groups over a contiguous inner axis, 4 interleaved rows otherwise (4 FMA chains
     hide the latency; more rows of a power-of-two L thrash L1 sets, measured on Zen 3);
-    chunk L only when there are fewer groups than 2 per core and L is long."""
+    chunk L only when there are fewer groups than 2 per core and L is long.  A symbolic extent
+    counts as large; a symbolic inner extent gets 4 interleaved rows (no divisor is known)."""
     inner = spec.inner
-    group = next((v for v in (16, 8, 4, 2) if inner % v == 0), 1) if inner > 1 else 4
-    group = min(group, spec.lanes) if inner == 1 else group
-    groups = -(-spec.lanes // group)
-    length = spec.length or 0
+    if inner is None:
+        group = 4
+    else:
+        group = next((v for v in (16, 8, 4, 2) if inner % v == 0), 1) if inner > 1 else 4
+    lanes = static_or(spec.lanes, 1 << 30)
+    group = min(group, lanes) if inner == 1 else group
+    groups = -(-lanes // group)
+    length = static_or(spec.length, 1 << 30)
     chunks = 1
     if groups < 2 * cores and length >= 4096:
         chunks = min(64, max(2, (4 * cores) // groups))
@@ -50,15 +55,17 @@ def generate(spec: AffineScanSpec, group=4, chunks=1):
 
 
 def _group_loop(lay, group):
-    """Loop over lanes within a group: vectorized when contiguous, unrolled rows otherwise."""
-    return T.vectorized(0, group) if lay.inner_extent > 1 else T.unroll(0, group)
+    """Loop over lanes within a group: vectorized when contiguous (a static inner extent > 1),
+    unrolled rows otherwise (also for a symbolic inner extent)."""
+    contiguous = isinstance(lay.inner_extent, int) and lay.inner_extent > 1
+    return T.vectorized(0, group) if contiguous else T.unroll(0, group)
 
 
 def _lane(lay, group, g, k):
     # Interleaved rows may overhang the lane count: clamp (the last lane is recomputed and
     # rewritten with the same values by the same thread, which is harmless and branch-free).
     lane = g * group + k
-    return lane if lay.lanes % group == 0 else tirx.min(lane, lay.lanes - 1)
+    return lane if lay.divisible(group) else tirx.min(lane, lay.lanes - 1)
 
 
 def _run_steps(lay, group, g, h, start, stop, write):
@@ -75,7 +82,7 @@ def _run_steps(lay, group, g, h, start, stop, write):
 
 
 def _lanes(lay, group):
-    n_groups = -(-lay.lanes // group)
+    n_groups = (lay.lanes + group - 1) // group
     with T.parallel(0, n_groups) as g:
         named("group", g)
         h = named("h", T.alloc_buffer((group,), "float32", scope="local"))
@@ -88,14 +95,15 @@ def _lanes(lay, group):
 
 
 def _chunked(lay, group, chunks):
-    n_groups = -(-lay.lanes // group)
+    n_groups = (lay.lanes + group - 1) // group
     size = (lay.length + chunks - 1) // chunks
 
     def bounds(c):
         return tirx.min(c * size, lay.length), tirx.min((c + 1) * size, lay.length)
 
-    agg_a = named("chunk_a", T.alloc_buffer((n_groups, chunks, group), "float32"))
-    agg_u = named("chunk_u", T.alloc_buffer((n_groups, chunks, group), "float32"))
+    shape = (n_groups, chunks, group)
+    agg_a = named("chunk_a", T.alloc_buffer(shape, "float32", layout=buffer_layout(shape)))
+    agg_u = named("chunk_u", T.alloc_buffer(shape, "float32", layout=buffer_layout(shape)))
     # 1. each chunk's aggregate pair, composed from the identity
     with T.parallel(0, n_groups * chunks) as gc:
         g, c = gc // chunks, gc % chunks
@@ -115,7 +123,7 @@ def _chunked(lay, group, chunks):
             T.buffer_store(agg_a, pa[k], [g, c, k])
             T.buffer_store(agg_u, pu[k], [g, c, k])
     # 2. carries: the state entering each chunk, serial over chunks
-    carry_in = named("carry_in", T.alloc_buffer((n_groups, chunks, group), "float32"))
+    carry_in = named("carry_in", T.alloc_buffer(shape, "float32", layout=buffer_layout(shape)))
     with T.parallel(0, n_groups) as g:
         h = named("carry", T.alloc_buffer((group,), "float32", scope="local"))
         with _group_loop(lay, group) as k:

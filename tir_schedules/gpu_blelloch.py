@@ -11,9 +11,9 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import IDENTITY, apply, compose
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, static_or
 
-from .layout import build_plain, named
+from .layout import build_plain, grid, named
 
 NAME = "blelloch"
 TARGET = "cuda"
@@ -26,7 +26,7 @@ def applies(spec):
 
 def default_config(spec):
     """128 threads (a 256-step tile), fewer when L is short so the tile does not overhang."""
-    length = spec.length or 1 << 30
+    length = static_or(spec.length, 1 << 30)  # symbolic: as for a long L
     threads = 32
     while threads < 128 and 2 * threads < length:
         threads *= 2
@@ -73,7 +73,7 @@ def generate(spec: AffineScanSpec, threads=128):
     def body(lay):
         n_tiles = (lay.length + tile - 1) // tile
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, lay.lanes):
+        with T.launch_thread(bx, grid(lay.lanes)):
             with T.launch_thread(tx, threads):
                 named("lane", bx)
                 named("tx", tx)

@@ -10,10 +10,10 @@ passes instead of 3) to buy ``chunks`` times more parallelism.
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import IDENTITY, apply, compose
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, static_or
 
 from .gpu_warp import WARP, WarpTileScan, set_pair
-from .layout import build_plain, named
+from .layout import buffer_layout, build_plain, grid, named
 
 NAME = "chunked"
 TARGET = "cuda"
@@ -26,8 +26,9 @@ def applies(spec):
 
 def default_config(spec, blocks_wanted=264):
     """Enough (lane, chunk) blocks to fill an H100/H200-sized GPU twice over."""
-    length = spec.length or 1 << 20
-    chunks = max(1, min(-(-blocks_wanted // spec.lanes), length // 2048))
+    length = static_or(spec.length, 1 << 20)  # symbolic: as for a long L and many lanes
+    lanes = static_or(spec.lanes, blocks_wanted)
+    chunks = max(1, min(-(-blocks_wanted // lanes), length // 2048))
     return {"warps": 4, "items": 4, "chunks": chunks}
 
 
@@ -40,12 +41,13 @@ def generate(spec: AffineScanSpec, warps=4, items=4, chunks=8):
         tile = WARP * warps * items
         tiles_per_chunk = ((lay.length + tile - 1) // tile + chunks - 1) // chunks
         chunk_len = tiles_per_chunk * tile
-        agg = named("chunk_pairs", T.alloc_buffer((lay.lanes, chunks, 2), "float32"))
-        entry = named("chunk_entry", T.alloc_buffer((lay.lanes, chunks), "float32"))
+        pairs, entries = (lay.lanes, chunks, 2), (lay.lanes, chunks)
+        agg = named("chunk_pairs", T.alloc_buffer(pairs, "float32", layout=buffer_layout(pairs)))
+        entry = named("chunk_entry", T.alloc_buffer(entries, "float32", layout=buffer_layout(entries)))
 
         def per_chunk_kernel(write):
             bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, lay.lanes * chunks):
+            with T.launch_thread(bx, grid(lay.lanes * chunks)):
                 with T.launch_thread(tx, WARP * warps):
                     lane, chunk = bx // chunks, bx % chunks
                     coords = lay.coords(lane)
@@ -73,7 +75,7 @@ def generate(spec: AffineScanSpec, warps=4, items=4, chunks=8):
         per_chunk_kernel(write=False)
         # the state entering each chunk: one thread per lane, serial over chunks
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, (lay.lanes + WARP - 1) // WARP):
+        with T.launch_thread(bx, grid((lay.lanes + WARP - 1) // WARP)):
             with T.launch_thread(tx, WARP):
                 lane = bx * WARP + tx
                 with T.If(lane < lay.lanes):

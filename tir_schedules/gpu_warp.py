@@ -11,9 +11,9 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import IDENTITY, apply, compose
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, static_or
 
-from .layout import build_plain, named
+from .layout import build_plain, grid, named
 
 NAME = "warp"
 TARGET = "cuda"
@@ -27,7 +27,7 @@ def applies(spec):
 
 def default_config(spec):
     """4 warps x 4 items (512-step tiles); smaller tiles for short L."""
-    length = spec.length or 1 << 30
+    length = static_or(spec.length, 1 << 30)  # symbolic: as for a long L
     warps, items = 4, 4
     while warps > 1 and WARP * warps * items >= 2 * length:
         warps //= 2
@@ -131,7 +131,7 @@ def generate(spec: AffineScanSpec, warps=4, items=4):
 
     def body(lay):
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, lay.lanes):
+        with T.launch_thread(bx, grid(lay.lanes)):
             with T.launch_thread(tx, WARP * warps):
                 named("lane", bx)
                 named("tx", tx)

@@ -5,12 +5,45 @@ kernels see them through views whose non-axis dimensions are merged where that c
 (adjacent dimensions on the same side of the axis with the same broadcast flag), so a lane's
 coordinates cost one or two div/mods, and the innermost coordinate is contiguous in memory.
 The argument buffers keep the spec's own shapes, so ``call_tir`` passes tensors unchanged.
+A symbolic extent is one int64 ``tirx.Var`` per distinct name (``extent_vars``), bare in the
+argument shapes, so TVM's argument binder binds it from the tensors at call time.
 """
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, is_symbolic, symbol_identifiers, symbol_name
+
+
+def extent_vars(spec):
+    """``resolve(extent)``: an int extent as is, a symbolic one as its spec-wide int64 Var."""
+    syms = {name: tirx.Var(ident, "int64") for name, ident in symbol_identifiers(spec).items()}
+    return lambda extent: syms[symbol_name(extent)] if is_symbolic(extent) else extent
+
+
+def buffer_layout(shape):
+    """``layout=`` for a buffer of ``shape``: TVM's default, or none when an extent is symbolic.
+    TVM 0.27's default layout spells the strides with the shape's vars, and Relax's
+    AttachAttrLayoutFreeBuffers (in the CPU pipeline) copies PrimFuncs without renaming the
+    vars inside layouts: the copy then uses vars it never binds (MakePackedAPI rejects it)."""
+    return "default" if all(isinstance(d, int) for d in shape) else None
+
+
+def grid(extent):
+    """A launch extent as the int32 that ``blockIdx``/``threadIdx`` are: a symbolic (int64)
+    extent is narrowed (CUDA grids stay below 2**31 blocks anyway)."""
+    return extent if isinstance(extent, int) else tirx.Cast("int32", extent)
+
+
+def _is_one(n):
+    return isinstance(n, int) and n == 1
+
+
+def _product(extents):
+    n = 1
+    for d in extents:
+        n = d if _is_one(n) else n * d
+    return n
 
 
 def _merge(dims):
@@ -34,24 +67,33 @@ class ScanLayout:
     def __init__(self, spec: AffineScanSpec):
         self.spec = spec
         ax = spec.axis
-        self.length = spec.length if spec.length is not None else tirx.Var("L", "int64")
-        shape = tuple(self.length if i == ax else n for i, n in enumerate(spec.shape))
-        a_shape = tuple(self.length if (i == ax and n != 1) else n for i, n in enumerate(spec.a_shape))
-        flags = [(n, spec.a_shape[i] == 1) for i, n in enumerate(spec.shape)]
+        resolve = extent_vars(spec)
+        shape = tuple(resolve(n) for n in spec.shape)
+        a_shape = tuple(resolve(n) for n in spec.a_shape)
+        self.length = shape[ax]
+        flags = [(n, _is_one(spec.a_shape[i])) for i, n in enumerate(shape)]
         self.outer = _merge(flags[:ax])
         self.inner = _merge(flags[ax + 1:])
-        self.a_varies_in_time = spec.a_shape[ax] != 1
-        self.lanes = spec.lanes
-        self.inner_extent = spec.inner
+        self.a_varies_in_time = not _is_one(spec.a_shape[ax])
+        state = shape[:ax] + shape[ax + 1:]
+        self.state_shape = state
+        self.lanes = _product(state)              # an int, or a PrimExpr when symbolic
+        self.inner_extent = _product(shape[ax + 1:])
 
         dt = spec.dtype
-        self.a = T.arg("a", tirx.decl_buffer(a_shape, dt, "a"))
-        self.b = T.arg("b", tirx.decl_buffer(shape, dt, "b"))
-        self.h0 = T.arg("h0", tirx.decl_buffer(spec.state_shape, dt, "h0")) if spec.has_h0 else None
-        self.states = (T.arg("states", tirx.decl_buffer(shape, dt, "states"))
-                       if "states" in spec.outputs else None)
-        self.last = (T.arg("last", tirx.decl_buffer(spec.state_shape, dt, "last"))
-                     if "last" in spec.outputs else None)
+        def arg(name, shape):
+            return T.arg(name, tirx.decl_buffer(shape, dt, name, layout=buffer_layout(shape)))
+
+        self.a, self.b = arg("a", a_shape), arg("b", shape)
+        self.h0 = arg("h0", state) if spec.has_h0 else None
+        self.states = arg("states", shape) if "states" in spec.outputs else None
+        self.last = arg("last", state) if "last" in spec.outputs else None
+
+    def divisible(self, group):
+        """Whether the lane count is a multiple of ``group`` for every value of its symbols."""
+        if isinstance(self.lanes, int):
+            return self.lanes % group == 0
+        return isinstance(self.inner_extent, int) and self.inner_extent % group == 0
 
     # -- views -------------------------------------------------------------------------------
     def declare_views(self):
@@ -66,17 +108,19 @@ class ScanLayout:
                                  ("states", self.states, o + [self.length] + i),
                                  ("h0", self.h0, o + i), ("last", self.last, o + i)]:
             if buf is not None:
-                view = T.decl_buffer(shape, buf.dtype, data=buf.data)
+                view = T.decl_buffer(shape, buf.dtype, data=buf.data, layout=buffer_layout(shape))
                 self.views[name] = IRBuilder.name(f"{name}_view", view)
 
     # -- indexing ----------------------------------------------------------------------------
     def coords(self, lane):
-        """Merged (outer, inner) coordinates of a lane, innermost fastest."""
+        """Merged (outer, inner) coordinates of a lane (``0 <= lane < lanes``), innermost
+        fastest.  The outermost needs no modulo, which matters for a symbolic extent: TVM's
+        floormod by a value of unknown sign is a chain of selects."""
         extents = [n for n, _ in self.outer] + [n for n, _ in self.inner]
         out = []
-        for n in reversed(extents):
-            out.append(tirx.floormod(lane, n) if n > 1 else 0)
-            lane = tirx.floordiv(lane, n) if n > 1 else lane
+        for i, n in reversed(list(enumerate(extents))):
+            out.append(0 if _is_one(n) else lane if i == 0 else tirx.floormod(lane, n))
+            lane = lane if _is_one(n) else tirx.floordiv(lane, n)
         return tuple(reversed(out))
 
     def time(self, step):

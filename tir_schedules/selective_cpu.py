@@ -14,13 +14,20 @@ run in parallel.  Nothing of size (B, D, L, N) is ever materialized.
 LLVM lowers ``exp`` to a scalar libm call per element, which would dominate the kernel, so
 ``exp2``, softplus and silu are written here as vectorizable float32 polynomials (relative
 error ~2e-7).  ``last_state`` is written in the input dtype, like ``out``.
+
+A symbolic batch or L is an int64 Var in the argument shapes (``layout.extent_vars``); the
+L // tile full tiles run in a loop and the L % tile tail is one more tile whose staging loops
+are serial (TVM vectorizes constant extents only); the recurrence stays vectorized across the
+pack either way.
 """
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import apply
-from scanweaver_core.spec import SelectiveScanSpec
+from scanweaver_core.spec import SelectiveScanSpec, static_or
+
+from .layout import buffer_layout, extent_vars
 
 NAME = "selective_cpu"
 TARGET = "cpu"
@@ -88,18 +95,27 @@ def silu(z, native=False):
     return let(z, lambda z: z / (_c(1.0) + exp(-z, native)), "z")
 
 
-def declare(spec):
-    """The PrimFunc arguments in the README order; absent options are None."""
-    dt, (b, d, l, n) = spec.dtype, (spec.batch, spec.dim, spec.length, spec.dstate)
+def extents(spec):
+    """``(batch, length)``: ints, or the spec's int64 Vars where symbolic (pass to ``declare``)."""
+    resolve = extent_vars(spec)
+    return resolve(spec.batch), resolve(spec.length)
+
+
+def declare(spec, batch, length):
+    """The PrimFunc arguments in the README order (``batch``, ``length`` from ``extents``);
+    absent options are None."""
+    dt, (b, d, l, n) = spec.dtype, (batch, spec.dim, length, spec.dstate)
+    bc = (b, spec.groups, n, l) if spec.groups else (b, n, l)
     bufs = {"u": ((b, d, l), dt), "delta": ((b, d, l), dt), "A": ((d, n), F32),
-            "B": (spec.bc_shape, dt), "C": (spec.bc_shape, dt),
+            "B": (bc, dt), "C": (bc, dt),
             "D": ((d,), F32) if spec.has_D else None,
             "z": ((b, d, l), dt) if spec.has_z else None,
             "delta_bias": ((d,), F32) if spec.has_delta_bias else None,
             "h0": ((b, d, n), dt) if spec.has_h0 else None,
             "out": ((b, d, l), dt),
             "last_state": ((b, d, n), dt) if spec.return_last_state else None}
-    return {name: (T.arg(name, T.buffer(*sd)) if sd else None) for name, sd in bufs.items()}
+    return {name: (T.arg(name, T.buffer(*sd, layout=buffer_layout(sd[0]))) if sd else None)
+            for name, sd in bufs.items()}
 
 
 def stage_delta(spec, ops, b, d, t, dt, du, native=False):
@@ -139,11 +155,13 @@ def default_config(spec, cores=2):
     generic x86-64) when the group has them, else the next power of two; halve while there
     are fewer packs than 2 per core.  Unroll n when N <= 32 (h in registers).  Time tiles of
     64 steps: four cache lines per staged row streams better from DRAM than 32 (the rows of
-    a pack are L*4 bytes apart) while the staging (20 KB at N=16) stays in L1."""
+    a pack are L*4 bytes apart) while the staging (20 KB at N=16) stays in L1.  A symbolic
+    batch counts as large."""
     per_group = spec.dim // (spec.groups or 1)
+    batch = static_or(spec.batch, 1 << 30)
     lanes = 16
     while lanes > 1 and (lanes // 2 >= per_group or
-                         spec.batch * (spec.groups or 1) * -(-per_group // lanes) < 2 * cores):
+                         batch * (spec.groups or 1) * -(-per_group // lanes) < 2 * cores):
         lanes //= 2
     return {"lanes": lanes, "tile": 64, "unroll": spec.dstate <= 32}
 
@@ -157,8 +175,9 @@ def generate(spec: SelectiveScanSpec, lanes=16, tile=64, unroll=True):
         with T.prim_func():
             T.func_name("scanweaver_scan")
             T.func_attr({"tirx.noalias": True})
-            ops = declare(spec)
-            with T.parallel(0, spec.batch * groups * packs) as lane:
+            batch, length = extents(spec)
+            ops = declare(spec, batch, length)
+            with T.parallel(0, batch * groups * packs) as lane:
                 b, g, p = lane // (groups * packs), lane // packs % groups, lane % packs
 
                 def chan(w):  # the channel of vector lane w, clamped into the group
@@ -176,11 +195,12 @@ def generate(spec: SelectiveScanSpec, lanes=16, tile=64, unroll=True):
                 bc = T.alloc_buffer((2 * n_state * tile,), F32, scope="local")
                 cur = T.alloc_buffer((6 * lanes,), F32, scope="local")
                 ctx = (spec, ops, b, g, chan, lanes, tile, unroll, h, a2, rows, bc, cur)
-                full, rest = divmod(spec.length, tile)
-                if full:
+                # full tiles in a loop, then the tail (0..tile-1 steps; PrimExprs when symbolic)
+                full, rest = length // tile, length % tile
+                if not isinstance(full, int) or full:
                     with T.serial(0, full) as k:
                         _tile(ctx, k * tile, tile)
-                if rest:
+                if not isinstance(rest, int) or rest:
                     _tile(ctx, full * tile, rest)
                 if spec.return_last_state:
                     with T.serial(0, n_state) as n:
@@ -191,16 +211,17 @@ def generate(spec: SelectiveScanSpec, lanes=16, tile=64, unroll=True):
 
 
 def _tile(ctx, t0, size):
-    """``size`` steps from ``t0``: stage contiguous rows (vectorized along t), run the
-    recurrence (vectorized across the pack), write the gated output rows."""
+    """``size`` steps from ``t0``: stage contiguous rows (vectorized along t; serial for a
+    symbolic tail), run the recurrence (vectorized across the pack), write the gated rows."""
     spec, ops, b, g, chan, lanes, tile, unroll, h, a2, rows, bc, cur = ctx
     dt_row, du_row, y_row = 0, lanes * tile, 2 * lanes * tile
+    along_t = T.vectorized if isinstance(size, int) else T.serial
     with T.unroll(0, lanes) as w:
-        with T.vectorized(0, size) as t:
+        with along_t(0, size) as t:
             stage_delta(spec, ops, b, chan(w), t0 + t, (rows, dt_row + w * tile + t),
                         (rows, du_row + w * tile + t))
     with T.serial(0, spec.dstate) as n:
-        with T.vectorized(0, size) as t:
+        with along_t(0, size) as t:
             for i, name in enumerate(("B", "C")):
                 T.buffer_store(bc, tirx.Cast(F32, ops[name][bc_index(spec, b, g, n, t0 + t)]),
                                [(i * spec.dstate + n) * tile + t])
@@ -224,7 +245,7 @@ def _tile(ctx, t0, size):
                 total = total + cur[(2 + j) * lanes + w]
             T.buffer_store(rows, total, [y_row + w * tile + t])
     with T.unroll(0, lanes) as w:
-        with T.vectorized(0, size) as t:
+        with along_t(0, size) as t:
             y = y_row + w * tile + t
             stage_output(spec, ops, b, chan(w), t0 + t, (rows, y), (rows, du_row + w * tile + t))
             T.buffer_store(ops["out"], tirx.Cast(spec.dtype, rows[y]), [b, chan(w), t0 + t])

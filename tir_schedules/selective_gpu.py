@@ -22,10 +22,11 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import IDENTITY, apply, compose
-from scanweaver_core.spec import SelectiveScanSpec
+from scanweaver_core.spec import SelectiveScanSpec, static_or
 
 from .gpu_warp import barrier, set_pair
-from .selective_cpu import F32, LOG2E, bc_index, declare, stage_delta, stage_output
+from .layout import grid
+from .selective_cpu import F32, LOG2E, bc_index, declare, extents, stage_delta, stage_output
 
 NAME = "selective_gpu"
 TARGET = "cuda"
@@ -38,11 +39,13 @@ def applies(spec):
 
 
 def default_config(spec):
-    """4 warps x 8 items (1024-step tiles, Mamba-like); fewer warps/items for short L."""
+    """4 warps x 8 items (1024-step tiles, Mamba-like); fewer warps/items for short L (a
+    symbolic L counts as long)."""
     warps, items = 4, 8
-    while warps > 1 and WARP * warps * items >= 2 * spec.length:
+    length = static_or(spec.length, 1 << 30)
+    while warps > 1 and WARP * warps * items >= 2 * length:
         warps //= 2
-    while items > 1 and WARP * warps * items >= 2 * spec.length:
+    while items > 1 and WARP * warps * items >= 2 * length:
         items //= 2
     return {"warps": warps, "items": items}
 
@@ -51,17 +54,18 @@ def generate(spec: SelectiveScanSpec, warps=4, items=8):
     """The PrimFunc ``scanweaver_scan``: one block of ``32*warps`` threads per (batch, channel)."""
     if not 1 <= warps <= 32 or not 1 <= items <= 16:
         raise ValueError(f"warps={warps}, items={items}: need 1 <= warps <= 32, 1 <= items <= 16")
-    threads, n_state, length = WARP * warps, spec.dstate, spec.length
+    threads, n_state = WARP * warps, spec.dstate
     tile = threads * items
-    n_tiles = -(-length // tile)
     zero = tirx.const(IDENTITY[1], F32)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scanweaver_scan")
             T.func_attr({"tirx.noalias": True})
-            ops = declare(spec)
+            batch, length = extents(spec)   # ints, or int64 Vars where symbolic
+            n_tiles = (length + tile - 1) // tile
+            ops = declare(spec, batch, length)
             bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, spec.batch * spec.dim):
+            with T.launch_thread(bx, grid(batch * spec.dim)):
                 with T.launch_thread(tx, threads):
                     b, d = bx // spec.dim, bx % spec.dim
                     g = d // (spec.dim // spec.groups) if spec.groups else 0
@@ -92,7 +96,7 @@ def generate(spec: SelectiveScanSpec, warps=4, items=8):
                             T.buffer_store(y, zero, [k])
                         with T.serial(0, n_state) as n:
                             par = (c * n_state + n) % 2
-                            _state(spec, ops, b, d, g, n, par, c % 2, steps, at, locals_=(
+                            _state(spec, ops, b, d, g, n, par, c % 2, steps, at, length, locals_=(
                                 dt, du, y, own, agg, other, h), shared=(totals, carry),
                                 lane=lane, warp=warp, warps=warps, tx=tx)
                         for k in range(items):
@@ -109,7 +113,7 @@ def generate(spec: SelectiveScanSpec, warps=4, items=8):
     return ib.get()
 
 
-def _state(spec, ops, b, d, g, n, par, cpar, steps, at, locals_, shared, lane, warp, warps, tx):
+def _state(spec, ops, b, d, g, n, par, cpar, steps, at, length, locals_, shared, lane, warp, warps, tx):
     """One state n of one tile: pairs, warp scan, one barrier, carry + replay into y."""
     dt, du, y, own, agg, other, h = locals_
     totals, carry = shared
@@ -118,7 +122,7 @@ def _state(spec, ops, b, d, g, n, par, cpar, steps, at, locals_, shared, lane, w
     # 1. this thread's pairs, composed in registers
     a_n = ops["A"][d, n] * tirx.const(LOG2E, F32)
     for k in range(items):
-        valid = steps[k] < spec.length
+        valid = steps[k] < length
         bk = tirx.Cast(F32, ops["B"][bc_index(spec, b, g, n, at[k])])
         set_pair(own, (T.if_then_else(valid, T.exp2(dt[k] * a_n), one),
                        T.if_then_else(valid, du[k] * bk, zero)), 2 * k)

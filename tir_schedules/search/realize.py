@@ -99,8 +99,8 @@ def best_choice(database, spec, target):
 
     Records are keyed by the canonical workload; those whose realization belongs to another
     target kind (a CUDA record in a shared database) are skipped."""
-    if getattr(spec, "length", 1) is None:
-        return None  # symbolic L: nothing was (or can be) measured
+    if spec.is_symbolic:
+        return None  # symbolic extents: nothing was (or can be) measured
     workload_mod = workload_module(spec)
     if not database.has_workload(workload_mod):
         return None

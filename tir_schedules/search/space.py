@@ -17,7 +17,7 @@ from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
 import tir_schedules
 from scanweaver_core.spec import AffineScanSpec
 
-from .workload import BLOCK, workload_spec
+from .workload import BLOCK, require_static, workload_spec
 
 PREFIX = "scanweaver."
 SCHEDULE_KEY = PREFIX + "schedule"
@@ -75,6 +75,7 @@ def knob_values(name, spec):
     the realization's default included."""
     if name not in _KNOBS:
         raise ValueError(f"schedule: {name!r} has no search space; known: {sorted(_KNOBS)}")
+    require_static(spec)
     values = _KNOBS[name](spec)
     default = tir_schedules.REALIZATIONS[name].default_config(spec)
     if set(default) != set(values):

@@ -24,7 +24,7 @@ from .builder import scan_builder
 from .features import RealizedFeatures
 from .realize import choice_of, default_choice
 from .space import ScanSpace, sample
-from .workload import workload_module
+from .workload import require_static, workload_module
 
 
 def scan_task(spec, target, with_builder=True):
@@ -150,6 +150,7 @@ def tune_task(spec, target, cost_model="xgb", trials=64, seed=0, work_dir="scanw
         raise ValueError(f"trials: {trials!r} must be a positive int")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed: {seed!r} must be a non-negative int")
+    require_static(spec)        # before any worker process starts
     target = tvm.target.Target(target)
     mod, space, default_builder, features = scan_task(spec, target, builder is None)
     builder = builder or default_builder

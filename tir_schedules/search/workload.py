@@ -49,11 +49,18 @@ def workload_spec(mod):
     return spec_from_json(str(text))
 
 
+def require_static(spec):
+    """Raise ``ValueError`` for a symbolic spec: tuning times kernels, so every extent must be
+    concrete (a symbolic scan keeps its realization's default config)."""
+    if getattr(spec, "is_symbolic", False):
+        raise ValueError(f"spec: {spec} has symbolic extents; tuning needs concrete shapes "
+                         "(a symbolic scan is not tunable and keeps its default config)")
+
+
 def scan_workload(spec):
-    """The workload PrimFunc ``main`` of ``spec`` (concrete L only: tuning measures it)."""
+    """The workload PrimFunc ``main`` of ``spec`` (concrete extents only: tuning measures it)."""
+    require_static(spec)
     if isinstance(spec, AffineScanSpec):
-        if spec.length is None:
-            raise ValueError(f"spec: L is symbolic in {spec}; tuning needs a concrete length")
         return _affine(spec)
     if isinstance(spec, SelectiveScanSpec):
         return _selective(spec)
