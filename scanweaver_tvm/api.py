@@ -11,9 +11,16 @@ __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences
            "pipeline", "compile"]
 
 
-def from_torch(model, example_args, example_kwargs=None):
+def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, trace_sizes=None):
     """``torch.export`` + TVM's Relax frontend, parameters kept as constants: ``main`` takes
     exactly ``example_args``, in order, and returns what the model returns (as a tuple).
+
+    ``dynamic_shapes`` (``torch.export``'s own spec, with named ``torch.export.Dim``s): the model
+    is traced at a few small sizes of each dynamic dim (``trace_sizes``, name -> sizes,
+    overrides them), the recurrences of each trace are fused, and the traces are generalized
+    into one module whose dims are symbolic, named after the Dims (``scanweaver_tvm.dynamic``).
+    It compiles once and runs at any size; what does not generalize raises
+    ``generalize.GeneralizeError`` naming the node.
 
     ``example_kwargs`` are passed to the model as constants of the trace.  A Hugging Face model
     whose ``forward`` takes ``use_cache`` is traced with ``use_cache=False`` unless they say
@@ -34,6 +41,11 @@ def from_torch(model, example_args, example_kwargs=None):
     kwargs = dict(example_kwargs or {})
     if _takes_use_cache(model) and "use_cache" not in kwargs:
         kwargs["use_cache"] = False
+    if dynamic_shapes is not None:
+        from . import dynamic
+
+        return dynamic.import_generic(lambda args: from_torch(model, args, kwargs), FuseAffineRecurrences(),
+                                      model, example_args, dynamic_shapes, trace_sizes)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         traced = _with_constants(model, kwargs) if kwargs else model
@@ -89,11 +101,13 @@ def _check_no_complex(model, example_args):
                              "no complex dtype")
 
 
-def from_onnx(model):
-    """TVM's Relax ONNX frontend plus our ``Scan``/``Loop`` converters, then FoldConstant."""
+def from_onnx(model, trace_sizes=None):
+    """TVM's Relax ONNX frontend plus our ``Scan``/``Loop`` converters, then FoldConstant.  A
+    model with ``Scan``/``Loop`` and symbolic input dims keeps them: it is imported at a few sizes
+    (``trace_sizes`` overrides them) and generalized (``onnx_frontend.from_onnx``)."""
     from . import onnx_frontend
 
-    return onnx_frontend.from_onnx(model)
+    return onnx_frontend.from_onnx(model, trace_sizes)
 
 
 def find_recurrences(mod, include_rejected=False, cumulative=False):

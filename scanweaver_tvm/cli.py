@@ -197,17 +197,17 @@ def _spec_line(function, var, spec, origin):
     if isinstance(spec, AffineScanSpec):
         shape = "x".join(str(d) for d in spec.state_shape) or "scalar"
         direction = "reverse" if spec.reverse else "forward"
-        return (f"{'affine':<9} L={spec.length:<5} axis={spec.axis}  {direction:<7}  state {shape} "
-                f"{spec.dtype}  in {function} ({var}: {origin}, imported as a scan)")
-    return (f"{'selective':<9} L={spec.length:<5} batch={spec.batch} dim={spec.dim} dstate={spec.dstate} "
-            f"{spec.dtype}  in {function} ({var}: {origin}, imported as a scan)")
+        return (f"{'affine':<9} L={str(spec.length or 'L'):<5} axis={spec.axis}  {direction:<7}  state {shape} "
+                f"{spec.dtype}  in {function} ({var}: {origin})")
+    return (f"{'selective':<9} L={str(spec.length or 'L'):<5} batch={spec.batch} dim={spec.dim} dstate={spec.dstate} "
+            f"{spec.dtype}  in {function} ({var}: {origin})")
 
 
 def cmd_report(args, steps):
     spec = model_arg(args)
     with steps("loading TVM", "cannot load TVM"):
         from . import api
-    mod = _import_model(spec, args.length, steps)
+    mod = _import_model(spec, args.length, steps, args.dynamic_dim)
     with steps("analyzing", "cannot analyze the module"):
         found = api.find_recurrences(mod, include_rejected=True)
         existing = _existing_scans(mod)
@@ -217,10 +217,15 @@ def cmd_report(args, steps):
     total = len(accepted) + len(existing)
     print(f"{spec}: {total} recurrence{'s' if total != 1 else ''} to scan, "
           f"{len(near)} near miss{'es' if len(near) != 1 else ''}")
+    signature = _signature(mod)
+    if signature:
+        print(f"  entry: {signature}")
     for rec in accepted:
         print(f"  scan       {_recurrence_line(rec)}")
     for function, var, scan_spec in existing:
-        origin = "an ONNX Scan/Loop" if spec.kind == "onnx" else "a torch scan"
+        origin = ("fused in every trace, then generalized" if args.dynamic_dim or scan_spec.is_symbolic
+                  else "an ONNX Scan/Loop, imported as a scan" if spec.kind == "onnx"
+                  else "a torch scan, imported as a scan")
         print(f"  scan       {_spec_line(function, var, scan_spec, origin)}")
     for line in near:
         print(f"  left as is {line}")
@@ -234,7 +239,7 @@ def cmd_report(args, steps):
 def cmd_show_tir(args, steps):
     spec = model_arg(args)
     target = _resolve(_target_request(args), args.realization, steps)
-    mod = _import_model(spec, args.length, steps)
+    mod = _import_model(spec, args.length, steps, args.dynamic_dim)
     from tvm import tirx
 
     from . import api
@@ -337,7 +342,7 @@ def cmd_compile(args, steps):
         raise CLIError("--target cuda: nvcc is not on PATH; it checks the generated CUDA C before "
                        "the library is written (install the CUDA toolkit, or pass --no-nvcc-check)")
     target = _resolve(request, args.realization, steps)
-    mod = _import_model(spec, args.length, steps)
+    mod = _import_model(spec, args.length, steps, args.dynamic_dim)
 
     from . import api
 
@@ -412,6 +417,10 @@ def build_parser():
                        help="model.onnx, path/to/file.py:FACTORY or package.module:FACTORY")
     model.add_argument("--length", type=_positive, metavar="N",
                        help="call FACTORY(length=N) (factory MODELs only)")
+    model.add_argument("--dynamic-dim", action="append", metavar="INPUT:DIM[=NAME]",
+                       help="make dim DIM of input INPUT (index or argument name) symbolic: the "
+                            "model is traced at small sizes and generalized, so one executable "
+                            "runs at any size (repeatable; unnamed: dim 0 is 'batch', others 'L')")
 
     def targets(p):
         p.add_argument("--target", default="llvm", metavar="{llvm,cuda,JSON}",

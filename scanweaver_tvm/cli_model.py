@@ -147,11 +147,35 @@ def _call_factory(spec, length):
     return model.eval(), tuple(example)
 
 
-def _import_model(spec, length, steps):
-    """The Relax IRModule of MODEL."""
+def dynamic_dims(values):
+    """``--dynamic-dim INPUT:DIM[=NAME]`` values as ``torch.export``'s ``dynamic_shapes`` (a
+    dict keyed by input index or name).  Unnamed, a leading dim is ``batch`` and any other ``L``:
+    inputs that share a dim share its name."""
+    shapes = {}
+    for text in values or ():
+        where, _, name = text.partition("=")
+        arg, sep, dim = where.rpartition(":")
+        try:
+            axis = int(dim)
+        except ValueError:
+            axis = None
+        if not sep or not arg or axis is None or text.endswith("="):
+            raise CLIError(f"--dynamic-dim {text}: expected INPUT:DIM or INPUT:DIM=NAME, e.g. "
+                           "0:1, x:1 or input_ids:1=L (INPUT: an index or forward's argument name)")
+        key = int(arg) if arg.lstrip("-").isdigit() else arg
+        shapes.setdefault(key, {})[axis] = name or ("batch" if axis == 0 else "L")
+    return shapes or None
+
+
+def _import_model(spec, length, steps, dynamic=None):
+    """The Relax IRModule of MODEL; ``dynamic``: ``--dynamic-dim`` values (factory MODELs)."""
     with steps(f"importing {spec}", f"cannot import {spec}"):
         from . import api
 
+        dynamic_shapes = dynamic_dims(dynamic)
+        if dynamic_shapes and spec.kind == "onnx":
+            raise CLIError("--dynamic-dim applies to factory MODELs; an ONNX file keeps the "
+                           "symbolic dims it was exported with")
         if spec.kind == "onnx":
             try:
                 return api.from_onnx(str(spec.path))
@@ -160,4 +184,4 @@ def _import_model(spec, length, steps):
                 raise CLIError(f"cannot import {msg}" if msg.startswith(str(spec.path))
                                else f"cannot import {spec}: {msg}") from err
         model, example = _call_factory(spec, length)
-        return api.from_torch(model, example)
+        return api.from_torch(model, example, dynamic_shapes=dynamic_shapes)

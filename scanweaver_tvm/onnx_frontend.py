@@ -47,10 +47,57 @@ def _fail(why):
 
 
 
-def from_onnx(model):
+def from_onnx(model, trace_sizes=None):
     """Load ``model`` (path or ``onnx.ModelProto``), convert it with TVM's relax frontend plus
-    the ``Scan``/``Loop`` converters here, fold constants; return the IRModule."""
-    model = _name_unnamed(_fold_static_shapes(_load(model)))
+    the ``Scan``/``Loop`` converters here, fold constants; return the IRModule.
+
+    A model with ``Scan``/``Loop`` whose inputs have symbolic dims (``dim_param``) is imported
+    at a few sizes of each (``trace_sizes``: name -> sizes overrides them), each import fused,
+    and the imports generalized into one module with those dims symbolic (``dynamic.traced``)."""
+    model = _load(model)
+    dims = _symbolic_dims(model.graph)
+    if dims and any(n.op_type in _CONVERTERS for n in model.graph.node):
+        from relax_pass.fuse import FuseAffineRecurrences
+
+        from . import dynamic
+
+        shapes = [[d.dim_value for d in x.type.tensor_type.shape.dim] for x in _graph_inputs(model.graph)]
+        sizes = dynamic.trace_sizes(dynamic.static_dims(shapes, dims), dims, trace_sizes)
+        return dynamic.traced(lambda point: _import_fixed(_specialized(model, point)),
+                              FuseAffineRecurrences(), sizes)
+    return _import_fixed(model)
+
+
+def _graph_inputs(graph):
+    initialized = {t.name for t in graph.initializer}
+    return [x for x in graph.input if x.name not in initialized]
+
+
+def _symbolic_dims(graph):
+    """``{(input index, axis): (dim_param, None, None)}`` of the graph's symbolic input dims."""
+    out = {}
+    for i, x in enumerate(_graph_inputs(graph)):
+        for axis, d in enumerate(x.type.tensor_type.shape.dim):
+            if d.HasField("dim_param") and d.dim_param:
+                out[(i, axis)] = (d.dim_param, None, None)
+    return out
+
+
+def _specialized(model, point):
+    """A copy of ``model`` with every ``dim_param`` of ``point`` (name -> size) made that size,
+    in the inputs, outputs and value infos alike."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    graph = fixed.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        for d in info.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in point:
+                d.dim_value = point[d.dim_param]
+    return fixed
+
+
+def _import_fixed(model):
+    model = _name_unnamed(_fold_static_shapes(model))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     captured, ours = io.StringIO(), False
     try:

@@ -199,7 +199,7 @@ def test_zero_length():
 
 def test_symbolic_length_where_unsupported():
     expect(ValueError, lambda: SelectiveScanSpec(1, 2, None, 4), "length")
-    dynamic = scan_model(a_shape=("L", 3), b_shape=("L", 3))
+    dynamic = scan_model(a_shape=(None, 3), b_shape=(None, 3))      # unknown, unnamed: untraceable
     expect(UnsupportedRecurrence, lambda: sw.from_onnx(dynamic), "Scan node 'rnn_scan'", "static shape")
 
 

@@ -7,6 +7,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+import scanweaver_tvm as sw
 from relax_pass.lower import LowerScans
 from scanweaver_tvm.onnx_frontend import UnsupportedRecurrence, from_onnx
 
@@ -407,7 +408,25 @@ def test_opset8_scan_with_a_batch_axis():
     expect_error(scan8_model(seq_lens=[7, 5, 7]), "Scan node 'scan8'", "sequence_lens")
 
 
-def test_symbolic_dims_are_refused_clearly():
-    """Not supported yet (issue "Trace short, compile once"): a clear error naming the node."""
-    m = scan_model([node("Add", ["h", "x0_t"], ["hn"])], [3], [["seq", 3]])
+def test_symbolic_dims_compile_once():
+    """``seq`` and ``batch`` dims stay symbolic: imported at a few sizes, fused, generalized,
+    compiled once, equal to ONNX Runtime at sizes never imported (both directions, h0)."""
+    body = AFFINE_BODIES["h*a+b"]
+    m = scan_model(body, ["batch", 4], [["seq", "batch", 4]] * 2, axes=[0, 0], dirs=[1, 1])
+    imported = from_onnx(m)
+    assert [[str(getattr(d, "value", d)) for d in p.ty.shape.values] for p in imported["main"].params] == \
+        [["batch", "4"], ["seq", "batch", "4"], ["seq", "batch", "4"]]
+    vm = relax.VirtualMachine(sw.compile(imported, "llvm"), tvm.cpu())
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch, length in [(1, 1), (3, 2), (1, 100), (2, 1025)]:
+        fs = feeds(np.random.default_rng(length), [batch, 4], [[length, batch, 4]] * 2)
+        want = sess.run(None, fs)
+        got = vm["main"](*[tvm.runtime.tensor(fs[i.name]) for i in m.graph.input])
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_dims_are_refused_clearly():
+    """A dim with neither a size nor a name cannot be traced at chosen sizes."""
+    m = scan_model([node("Add", ["h", "x0_t"], ["hn"])], [3], [[None, 3]])
     expect_error(m, "Scan node 'the_scan'", "needs a static shape", "symbolic dims")

@@ -1,0 +1,181 @@
+"""Trace short, compile once, run any length: ``sw.from_torch(..., dynamic_shapes=...)``.
+
+Each model is traced at a few small sizes, fused, generalized to symbolic dims, compiled ONCE,
+and that one executable is checked against PyTorch at lengths it was never traced at."""
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import scanweaver_tvm as sw
+from scanweaver_tvm import models
+from scanweaver_tvm.generalize import GeneralizeError
+
+from harness import assert_outputs_match
+from torch_models import Recurrence, inputs
+
+Dim = torch.export.Dim
+LENGTHS = (1, 2, 7, 100, 1000, 4097)
+
+
+def executable(mod):
+    return relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+
+
+def run(vm, args):
+    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def expected(model, args):
+    with torch.no_grad():
+        out = model(*args)
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    return [o.numpy() for o in out]
+
+
+def params(mod):
+    return [[str(getattr(d, "value", d)) for d in p.ty.shape.values] for p in mod["main"].params]
+
+
+def scans(mod):
+    return mod.script(show_meta=False).count("scanweaver.")
+
+
+def test_ema_one_executable_for_every_length_and_batch():
+    model, args = models.ema(length=5, batch=2)
+    mod = sw.from_torch(model, args, dynamic_shapes={"x": {0: Dim("batch"), 1: Dim("L")}})
+    assert params(mod) == [["batch", "L", "16"]]
+    assert scans(mod) == 1
+    vm = executable(mod)
+    for batch in (1, 3):
+        for length in LENGTHS:
+            x = (torch.randn(batch, length, 16),)
+            assert_outputs_match(run(vm, x), expected(model, x), rtol=1e-5)
+
+
+def test_reversed_recurrence_with_initial_state():
+    model = Recurrence("a*h+b", axis=1, reverse=True, init="input")
+    L = Dim("L")
+    mod = sw.from_torch(model, inputs(1, 9), dynamic_shapes=({1: L}, {1: L}, None))
+    assert params(mod) == [["2", "L", "6"], ["2", "L", "6"], ["2", "6"]]
+    vm = executable(mod)
+    for length in LENGTHS:
+        args = inputs(1, length, seed=length)
+        assert_outputs_match(run(vm, args), expected(model, args), rtol=1e-5)
+
+
+def test_linear_rnn_states_and_last_state():
+    model, args = models.linear_rnn(length=5)
+    B = Dim("batch")
+    mod = sw.from_torch(model, args, dynamic_shapes=({0: B, 1: Dim("L")}, {0: B}))
+    vm = executable(mod)
+    for batch, length in [(1, 1), (3, 2), (1, 100), (3, 1025)]:
+        x = (torch.randn(batch, length, 8), torch.randn(batch, 16))
+        assert_outputs_match(run(vm, x), expected(model, x), rtol=1e-5)
+
+
+def test_mamba_block_conv_padding_follows_length():
+    """conv1d(padding=3) then ``[..., :L]``: the conv's output is L + 3 long."""
+    model, args = models.mamba_block(length=6, batch=1)
+    mod = sw.from_torch(model, args, dynamic_shapes=({0: Dim("batch"), 1: Dim("L")},))
+    text = mod.script(show_meta=False)
+    assert "L + 3" in text and "selective_scan" in text
+    vm = executable(mod)
+    for batch, length in [(1, 1), (3, 2), (1, 7), (3, 100), (1, 1000), (1, 4097)]:
+        x = (torch.randn(batch, length, 32),)
+        assert_outputs_match(run(vm, x), expected(model, x), rtol=1e-4)
+
+
+def test_hf_mamba_one_executable():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2,
+                                   expand=2, conv_kernel=4)
+    model = transformers.MambaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 9))
+    mod = sw.from_torch(model, (ids,), dynamic_shapes={"input_ids": {0: Dim("batch"), 1: Dim("L")}})
+    assert params(mod) == [["batch", "L"]]
+    assert scans(mod) == 2
+    vm = executable(mod)
+    for batch in (1, 3):
+        for length in LENGTHS:
+            x = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(length))
+            with torch.no_grad():
+                want = model(x, use_cache=False).logits.numpy()
+            assert_outputs_match(run(vm, (x,))[:1], [want], rtol=1e-4)
+
+
+def test_near_miss_cannot_generalize_and_says_why():
+    """A tanh recurrence stays unrolled in each trace: the traces differ in size."""
+    model = Recurrence("tanh", axis=1)
+    with pytest.raises(GeneralizeError, match=r"number of bindings changes.*unrolled"):
+        sw.from_torch(model, inputs(1, 9), dynamic_shapes=({1: Dim("L")}, {1: Dim("L")}, None))
+
+
+class _PositionTable(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.tensor([float(i) for i in range(x.shape[1])])[None, :, None]
+
+
+class _EveryOther(torch.nn.Module):
+    def forward(self, x):
+        return x[:, ::2] * 2.0
+
+
+def test_constant_whose_size_follows_length_is_a_clear_error():
+    with pytest.raises(GeneralizeError, match=r"tensor constant whose shape follows the dims.*L=7"):
+        sw.from_torch(_PositionTable(), (torch.randn(2, 5, 3),), dynamic_shapes=({1: Dim("L")},))
+
+
+def test_integer_that_is_not_affine_in_length_is_a_clear_error():
+    with pytest.raises(GeneralizeError, match=r"4 at L=7, 6 at L=11, 7 at L=13"):
+        sw.from_torch(_EveryOther(), (torch.randn(2, 5, 3),), dynamic_shapes=({1: Dim("L")},))
+
+
+def test_bad_dynamic_shapes_are_clear_errors():
+    model, args = models.ema(length=5)
+    with pytest.raises(ValueError, match="not one of the inputs"):
+        sw.from_torch(model, args, dynamic_shapes={"y": {1: Dim("L")}})
+    with pytest.raises(ValueError, match="rank 3, no dim 5"):
+        sw.from_torch(model, args, dynamic_shapes=({5: Dim("L")},))
+    with pytest.raises(ValueError, match="no three trace sizes"):
+        sw.from_torch(model, args, dynamic_shapes=({1: Dim("L", max=8)},))
+
+
+def test_fit_polynomials():
+    from tvm import tirx
+
+    from scanweaver_tvm.generalize import _Fit, grid
+
+    dims = {"B": tirx.Var("B", "int64"), "L": tirx.Var("L", "int64")}
+    points = grid({"B": (2, 3, 5), "L": (7, 11, 13)})
+    assert len(points) == 5 and points[-1] == {"B": 5, "L": 13}
+    fit = _Fit(points, dims)
+    assert fit.text([p["B"] * p["L"] for p in points]) == "B*L"
+    assert fit.text([p["L"] + 3 for p in points]) == "L + 3"
+    assert fit.text([2 * p["L"] - 1 for p in points]) == "2*L - 1"
+    assert fit.text([p["L"] // 2 for p in points]) is None
+    assert fit.text([p["L"] * p["L"] for p in points]) is None    # confirmed wrong at (5, 13)
+    expr = fit.expr([p["B"] * p["L"] + p["B"] for p in points])
+    assert [fit.evaluate(expr, {"B": b, "L": n}) for b, n in [(1, 1), (4, 100)]] == [2, 404]
+
+
+def test_cli_compile_and_report_with_dynamic_dims(tmp_path, capsys):
+    from scanweaver_tvm import cli
+
+    out = tmp_path / "ema.so"
+    code = cli.main(["compile", "scanweaver_tvm.models:ema", "--dynamic-dim", "x:0",
+                     "--dynamic-dim", "x:1", "-o", str(out), "-q"])
+    text = capsys.readouterr().out
+    assert code == 0 and "entry: main(x: float32[batch, L, 16])" in text, text
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out)), tvm.cpu())
+    model, _ = models.ema()
+    x = (torch.randn(3, 77, 16),)
+    assert_outputs_match(run(vm, x), expected(model, x), rtol=1e-5)
+    code = cli.main(["report", "scanweaver_tvm.models:ema", "--dynamic-dim", "0:1=seq", "-q"])
+    text = capsys.readouterr().out
+    assert code == 0 and "x: float32[2, seq, 16]" in text and "L=seq" in text and "fused in every trace" in text, text
+    assert cli.main(["report", "scanweaver_tvm.models:ema", "--dynamic-dim", "x1", "-q"]) == 2
+    assert "--dynamic-dim x1: expected INPUT:DIM" in capsys.readouterr().err
