@@ -77,8 +77,9 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
         raise TypeError("mod_or_spec: expected a Relax IRModule or a scan spec, "
                         f"got {type(mod_or_spec).__name__}")
     for spec in specs:
-        if isinstance(spec, AffineScanSpec) and spec.length is None:
-            raise ValueError(f"spec: {spec} has a symbolic L; tuning times kernels, give a concrete length")
+        if spec.is_symbolic:
+            raise ValueError(f"spec: {spec} has symbolic extents; tuning times kernels, give concrete "
+                             "sizes (tune a fixed-size import; its records serve only those sizes)")
     if isinstance(cost_model, str) and cost_model not in COST_MODELS:
         raise ValueError(f"cost_model: {cost_model!r} is not one of {COST_MODELS} or a CostModel")
     target = tir_schedules.resolve_target(target)

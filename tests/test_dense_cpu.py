@@ -1,9 +1,11 @@
 """The CPU dense-layer rule (``tir_schedules.dense_cpu``): what it schedules, and that the
 scheduled layers compute what PyTorch does, at ragged sizes, batched, with epilogues."""
+import numpy as np
 import pytest
 import torch
 import tvm
-from tvm import relax
+from tvm import relax, tirx
+from tvm.script import tirx as T
 
 import scanweaver_tvm as sw
 from scanweaver_core.targets import host_target
@@ -87,3 +89,82 @@ def test_non_matmul_reductions_are_left_alone():
     assert all("T.parallel" not in f.script() for _, f in scheduled(mod).functions_items()
                if not isinstance(f, relax.Function))
     assert_outputs_match(run_model(mod, [x]), torch_outputs(Norm(), [x]), rtol=1e-5)
+
+
+# --- symbolic rows: one compiled matmul for every sequence length (and batch) ---------------------
+
+def _symbolic_dense(shape, k, n, epilogue=False, seed=0):
+    """``x @ W`` (``+ b``, GELU with ``epilogue``) for ``x`` of ``shape + (k,)``, ``shape`` holding
+    ``tirx.Var``s; the module, and the numpy reference as a function of ``x``."""
+    rng = np.random.default_rng(seed)
+    w, b = rng.standard_normal((k, n)).astype("float32"), rng.standard_normal(n).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((*shape, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w)))
+            if epilogue:
+                y = bb.emit(relax.op.nn.gelu(relax.op.add(y, relax.const(b))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+
+    def reference(a):
+        y = a.astype("float64") @ w
+        if epilogue:
+            y = y + b
+            y = 0.5 * y * (1 + torch.erf(torch.from_numpy(y) / np.sqrt(2)).numpy())
+        return y
+
+    return bb.get(), reference
+
+
+def _check_symbolic(mod, reference, shapes):
+    funcs = matmul_funcs(scheduled(mod))
+    assert funcs and all("T.parallel" in f and "T.vectorized" in f for f in funcs), funcs
+    ex = sw.compile(mod, "llvm")
+    # one "may alias" TBAA tag on every access (a function without tirx.noalias leaking onto the
+    # kernels: see dense_cpu._mark_single_pointer_funcs_noalias) would cost the kernel its
+    # accumulator registers
+    assert "tvm-alias" not in ex.mod.imports[0].inspect_source("ll")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(1)
+    for shape in shapes:
+        a = rng.standard_normal(shape).astype("float32")
+        out = vm["main"](tvm.runtime.tensor(a)).numpy()
+        np.testing.assert_allclose(out, reference(a), rtol=1e-4, atol=1e-4, err_msg=str(shape))
+
+
+ROWS = [1, 2, 7, 8, 9, 100, 1023]
+
+
+def test_symbolic_rows_matmul_is_scheduled_and_matches_numpy():
+    mod, reference = _symbolic_dense([tirx.Var("L", "int64")], 64, 80)
+    _check_symbolic(mod, reference, [(rows, 64) for rows in ROWS])
+
+
+def test_symbolic_rows_matmul_with_bias_and_activation():
+    mod, reference = _symbolic_dense([tirx.Var("L", "int64")], 48, 96, epilogue=True)
+    _check_symbolic(mod, reference, [(rows, 48) for rows in ROWS])
+
+
+def test_symbolic_batch_and_rows_matmul():
+    batch, length = tirx.Var("batch", "int64"), tirx.Var("L", "int64")
+    mod, reference = _symbolic_dense([batch, length], 40, 64, epilogue=True)
+    _check_symbolic(mod, reference, [(1, 1), (2, 7), (3, 9), (1, 100), (2, 1023), (5, 8)])
+
+
+def test_single_buffer_functions_are_marked_noalias():
+    """``VMShapeLower``'s ``shape_func`` (one buffer: nothing to alias) leaves ``cpu_pipeline``
+    marked ``tirx.noalias``; a function with two buffers, which may alias, is left as it was."""
+    mod, _ = _symbolic_dense([tirx.Var("L", "int64")], 16, 32)
+    lowered = dense_cpu.cpu_pipeline(host_target())(mod)
+    funcs = {gv.name_hint: f for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert "shape_func" in funcs and funcs["shape_func"].attrs["tirx.noalias"], funcs.keys()
+
+    @T.prim_func(s_tir=True)
+    def copy(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
+        for i in range(4):
+            b[i] = a[i]
+
+    marked = dense_cpu._mark_single_pointer_funcs_noalias(tvm.IRModule({"copy": copy}))
+    assert "tirx.noalias" not in (marked["copy"].attrs or {})

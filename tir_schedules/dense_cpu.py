@@ -70,15 +70,18 @@ class DenseCPU(dl.ScheduleRule):
         for b in blocks[:position][::-1]:          # producers (reshapes, casts) into their users
             sch.compute_inline(b)                  # (one that will not: apply leaves the func)
         extents = [sch.get(loop).extent for loop in sch.get_loops(mm)]
-        if not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
-            return None
-        rows, cols = (int(extents[-3]) if len(extents) > 2 else 1), int(extents[-2])
-        tile_rows = MR if rows > MR else rows      # (a GEMV-like few rows: one tile of them)
-        if rows % tile_rows or cols % NR:          # ragged: pad, so no tile needs a predicate
+        if not all(isinstance(e, tvm.tirx.IntImm) for e in extents[-2:]):
+            return None                            # (rows and batch may be symbolic: B*L)
+        static = [int(e) if isinstance(e, tvm.tirx.IntImm) else None for e in extents]
+        rows, cols = (static[-3] if len(extents) > 2 else 1), static[-2]
+        tile_rows = MR if rows is None or rows > MR else rows   # (few rows: one tile of them)
+        if rows is None or rows % tile_rows or cols % NR:   # ragged: pad, so no tile needs a predicate
             sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [NR, 1])
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
-                if _reads_weights_only(sch, b, func):
-                    continue                       # (the weight's is repacked: _pack_weight)
+                if _reads_weights_only(sch, b, func) or rows is None:
+                    continue                       # (the weight's is repacked: _pack_weight;
+                                                   # with symbolic rows the copy is kept whole,
+                                                   # or every multiply-add would test its row)
                 try:
                     sch.compute_inline(b)
                 except RuntimeError:
@@ -105,7 +108,10 @@ class DenseCPU(dl.ScheduleRule):
             except RuntimeError:
                 break
         sch.vectorize(sch.get_loops(acc)[-1])
-        sch.parallel(sch.fuse(*tiles))
+        if rows is None:     # symbolic rows: panels in parallel, row tiles in turn (a fused index
+            sch.parallel(sch.fuse(*tiles[:-1]))   # would divide by L, and the tile's accumulator
+        else:                                     # would not shrink to MR x NR)
+            sch.parallel(sch.fuse(*tiles))
         sch.vectorize(ji)                          # (before the init is split off: a reduction
         if ii is not None:                         # block may be vectorized, its parts not)
             sch.unroll(ii)
@@ -221,6 +227,28 @@ def cpu_pipeline(target):
         with target:
             return tvm.transform.Sequential(
                 cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + schedule_passes()
-                + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))(mod)
+                + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
+                + [_mark_single_pointer_funcs_noalias])(mod)
 
     return _pipeline
+
+
+@tvm.transform.module_pass(opt_level=0, name="scanweaver.MarkSinglePointerFuncsNoAlias")
+def _mark_single_pointer_funcs_noalias(mod, _ctx):
+    """Mark ``tirx.noalias`` on the PrimFuncs with at most one pointer parameter (nothing for
+    it to alias): with symbolic shapes, ``VMShapeLower``'s host ``shape_func``.
+
+    Why: TVM 0.27's LLVM codegen leaks a function's missing ``tirx.noalias`` onto the parallel
+    lambdas of the functions it emits before it (``shape_func`` sorts after ``matmul*``): all
+    their loads and stores then share one "may alias" TBAA tag.  ``DenseCPU``'s ``MR x NR``
+    accumulator is a "local" buffer, which the CPU backend allocates with
+    ``TVMBackendAllocWorkspace`` (never on the stack), so only TBAA tells LLVM that the
+    activation and weight loads do not touch it; without it LLVM stores all 16 accumulator
+    vectors back on every ``k`` step, and a symbolic-rows matmul ran ~2x slower than the static
+    one (same TIR, same kernel otherwise)."""
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs and "tirx.noalias" in func.attrs):
+            continue
+        if sum(not isinstance(p.ty, tvm.ir.type.PrimType) for p in func.params) <= 1:   # buffers
+            mod[gv] = func.with_attr("tirx.noalias", True)
+    return mod
