@@ -3,7 +3,7 @@ import tvm
 from tvm import relax
 
 import tir_schedules
-from tir_schedules import dense_cpu
+from tir_schedules import dense_cpu, gpu_rules
 from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.lower import LowerScans
 
@@ -122,7 +122,10 @@ def _target(target):
 
 def _default_pipeline(target):
     """TVM's pipeline for ``target``; on LLVM targets with the dense layers scheduled
-    (``tir_schedules.dense_cpu``: TVM's CPU pipeline leaves matmuls as naive loops)."""
+    (``tir_schedules.dense_cpu``: TVM's CPU pipeline leaves matmuls as naive loops), on CUDA
+    with DLight's rules kept from symbolic-size scratch memory (``tir_schedules.gpu_rules``)."""
+    if target.kind.name == "cuda":
+        return gpu_rules.cuda_pipeline(target)     # (DLight rules guarded for symbolic shapes)
     if "gpu" in target.keys:
         return relax.get_default_pipeline(target)
     if target.kind.name == "llvm":

@@ -150,7 +150,7 @@ def test_symbolic_rows_matmul_with_bias_and_activation():
 def test_symbolic_batch_and_rows_matmul():
     batch, length = tirx.Var("batch", "int64"), tirx.Var("L", "int64")
     mod, reference = _symbolic_dense([batch, length], 40, 64, epilogue=True)
-    _check_symbolic(mod, reference, [(1, 1), (2, 7), (3, 9), (1, 100), (2, 1023), (5, 8)])
+    _check_symbolic(mod, reference, [(b, rows, 40) for b, rows in [(1, 1), (2, 7), (3, 9), (1, 100), (2, 1023), (5, 8)]])
 
 
 def test_single_buffer_functions_are_marked_noalias():

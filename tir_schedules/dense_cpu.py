@@ -9,7 +9,8 @@ gives it the classic register-blocked form:
 
 - an ``MR x NR`` tile of ``C`` accumulated in a local buffer over all of ``k``
   (``NR`` = two vector registers of ``j``, ``MR`` rows unrolled),
-- tiles over ``(batch, i, j)`` in parallel,
+- tiles over ``(batch, i, j)`` in parallel (with symbolic rows, ``L`` or ``batch * L``: rows
+  padded to ``MR`` into a copy made in parallel, column panels in parallel, row tiles in turn),
 - producers inlined, the epilogue (bias, activation, residual) computed per tile while hot.
 
 Anything it does not recognize returns ``None`` and is left to the next rule.
@@ -78,10 +79,11 @@ class DenseCPU(dl.ScheduleRule):
         if rows is None or rows % tile_rows or cols % NR:   # ragged: pad, so no tile needs a predicate
             sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [NR, 1])
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
-                if _reads_weights_only(sch, b, func) or rows is None:
-                    continue                       # (the weight's is repacked: _pack_weight;
-                                                   # with symbolic rows the copy is kept whole,
-                                                   # or every multiply-add would test its row)
+                if _reads_weights_only(sch, b, func):
+                    continue                       # (the weight's is repacked: _pack_weight)
+                if rows is None:                   # symbolic rows: the copy is kept whole, or
+                    sch.parallel(sch.fuse(*sch.get_loops(b)[:-1]))   # every multiply-add would
+                    continue                       # test its row; its rows copied in parallel
                 try:
                     sch.compute_inline(b)
                 except RuntimeError:
