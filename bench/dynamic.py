@@ -1,15 +1,15 @@
 """Length-generic vs fixed-length import of HF Mamba at the real width, measured in one run.
 
-    python -m bench.dynamic [--layers 2 24] [--lengths 256 1024] [--fixed-timeout 1200]
-                            [--out bench/out_dynamic]
+    python -m bench.dynamic [--layers 2 24] [--lengths 256 1024] [--fixed-lengths 256 1024]
+                            [--fixed-timeout 1200] [--no-generic] [--out bench/out_dynamic]
 
 For each layer count: the length-generic route (``sw.from_torch(..., dynamic_shapes=...)``
 with L symbolic: traced at three short lengths, fused, generalized) imported and compiled once,
 then run at every L; and the fixed-length route (``sw.from_torch`` at that L, as before) at
 each L, in a child process that is stopped after ``--fixed-timeout`` seconds (reported as not
 finished, never extrapolated).  Every run is checked against PyTorch.  Run times are medians
-of repeated calls after a warm-up.  Writes ``dynamic.json`` (after every row) and
-``dynamic.md``.
+of repeated calls after a warm-up.  Writes ``dynamic.json`` (after every row; a later run adds
+its rows to it) and ``dynamic.md``.
 """
 import argparse
 import json
@@ -94,34 +94,41 @@ def fixed(layers, length, timeout_s):
 
 
 def _markdown(result):
-    lines = ["| layers | route | import s | compile s | " + " | ".join(
-        f"run ms at L={n}" for n in result["lengths"]) + " |",
-             "|---|---|---|---|" + "---|" * len(result["lengths"])]
-    for layers, row in result["rows"].items():
-        g = row["generic"]
-        lines.append(f"| {layers} | length-generic (once) | {g['import_s']:.1f} | {g['compile_s']:.1f} | "
-                     + " | ".join(f"{g['runs'][str(n)]['ms']:.1f}" for n in result["lengths"]) + " |")
-        for n in result["lengths"]:
-            f = row["fixed"].get(str(n))
+    lengths = sorted({int(n) for row in result["rows"].values()
+                      for n in [*row.get("generic", {}).get("runs", {}), *row.get("fixed", {})]})
+    lines = ["| layers | route | import s | compile s | " + " | ".join(f"run ms at L={n}" for n in lengths)
+             + " | generic / fixed run |", "|---|---|---|---|" + "---|" * (len(lengths) + 1)]
+    for layers, row in sorted(result["rows"].items(), key=lambda kv: int(kv[0])):
+        g = row.get("generic")
+        if g:
+            lines.append(f"| {layers} | length-generic (once) | {g['import_s']:.1f} | {g['compile_s']:.1f} | "
+                         + " | ".join(f"{g['runs'][str(n)]['ms']:.1f}" if str(n) in g["runs"] else ""
+                                      for n in lengths) + " | |")
+        for n in lengths:
+            f = row.get("fixed", {}).get(str(n))
             if f is None:
                 continue
             if not f["finished"]:
-                why = f"not finished in {f['timeout_s'] // 60:.0f} min" if "timeout_s" in f else f"failed: {f['error']}"
-                lines.append(f"| {layers} | fixed L={n} | {why} | | " + " | " * len(result["lengths"]))
+                why = (f"not finished in {f['timeout_s'] / 60:.0f} min" if "timeout_s" in f
+                       else f"failed: {f['error']}")
+                lines.append(f"| {layers} | fixed L={n} | {why} | |" + " |" * (len(lengths) + 1))
                 continue
-            cells = [f"{f['ms']:.1f}" if m == n else "" for m in result["lengths"]]
-            ratio = row["generic"]["runs"][str(n)]["ms"] / f["ms"]
+            cells = [f"{f['ms']:.1f}" if m == n else "" for m in lengths]
+            ratio = (f"{g['runs'][str(n)]['ms'] / f['ms']:.2f}" if g and str(n) in g["runs"] else "")
             lines.append(f"| {layers} | fixed L={n} | {f['import_s']:.1f} | {f['compile_s']:.1f} | "
-                         + " | ".join(cells) + f" |  generic/fixed at L={n}: {ratio:.2f}")
+                         + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, nargs="+", default=[2, 24])
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024],
+                   help="lengths the length-generic executable runs at")
+    p.add_argument("--fixed-lengths", type=int, nargs="*", default=None,
+                   help="lengths imported through the fixed-length route (default: --lengths)")
     p.add_argument("--fixed-timeout", type=int, default=1200)
-    p.add_argument("--no-fixed", action="store_true", help="only the length-generic route")
+    p.add_argument("--no-generic", action="store_true", help="only the fixed-length route")
     p.add_argument("--out", default="bench/out_dynamic")
     p.add_argument("--fixed-child", type=int, nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -129,16 +136,26 @@ def main(argv=None):
         fixed_child(*args.fixed_child)
         return 0
     os.makedirs(args.out, exist_ok=True)
-    result = {"lengths": args.lengths, "rows": {}}
-    for layers in args.layers:
-        row = result["rows"][str(layers)] = {"generic": generic(layers, args.lengths), "fixed": {}}
-        row["generic"]["runs"] = {str(k): v for k, v in row["generic"]["runs"].items()}
-        for length in [] if args.no_fixed else args.lengths:
-            row["fixed"][str(length)] = fixed(layers, length, args.fixed_timeout)
-            with open(os.path.join(args.out, "dynamic.json"), "w") as f:
-                json.dump(result, f, indent=1)
-        with open(os.path.join(args.out, "dynamic.json"), "w") as f:
+    path = os.path.join(args.out, "dynamic.json")
+    result = {"rows": {}}
+    if os.path.exists(path):          # runs add to what earlier runs measured
+        with open(path) as f:
+            result = json.load(f)
+
+    def save():
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
+
+    fixed_lengths = args.lengths if args.fixed_lengths is None else args.fixed_lengths
+    for layers in args.layers:
+        row = result["rows"].setdefault(str(layers), {"fixed": {}})
+        if not args.no_generic:
+            row["generic"] = generic(layers, args.lengths)
+            row["generic"]["runs"] = {str(k): v for k, v in row["generic"]["runs"].items()}
+            save()
+        for length in fixed_lengths:
+            row.setdefault("fixed", {})[str(length)] = fixed(layers, length, args.fixed_timeout)
+            save()
     with open(os.path.join(args.out, "dynamic.md"), "w") as f:
         f.write(_markdown(result))
     print(_markdown(result))
