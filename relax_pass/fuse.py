@@ -19,7 +19,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
-from .interpret import Interpreter, Unsupported
+from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
@@ -59,7 +59,11 @@ def fuse(mod, cumulative=False):
     """``(new module, recurrences)``: every accepted recurrence rewritten and validated
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
-    recurrences = find(mod, cumulative)
+    with cached_constants():      # every validation reads the same weights: convert them once
+        return _fuse(mod, find(mod, cumulative))
+
+
+def _fuse(mod, recurrences):
     while True:
         try:
             new, replaced = rewrite(mod, recurrences)

@@ -5,6 +5,7 @@ same random inputs; this module gives both a meaning.  Float casts are identitie
 compares the algebra in float64, not the rounding of a dtype); ScanWeaver's own scan calls run
 the float64 reference.  An op it does not know raises ``Unsupported`` naming it, never a guess.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -17,6 +18,50 @@ from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import AffineScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class _ConstantCache:
+    """Constants as float64 arrays, kept across interpreter runs inside ``cached_constants``:
+    each rewrite's validation evaluates the model up to its recurrence, so without it every
+    layer converted every weight before it again (an lm embedding alone is 300 MB in float64).
+    Entries hold their constant (so its address is not reused while cached); the least
+    recently used go first beyond the budget."""
+
+    def __init__(self, budget_bytes=1 << 31):
+        self.entries, self.budget, self.size = {}, budget_bytes, 0
+
+    def value(self, const):
+        key = hash(const)
+        hit = self.entries.pop(key, None)
+        if hit is not None and not hit[0].same_as(const):
+            self.size -= hit[1].nbytes
+            hit = None
+        if hit is None:
+            hit = (const, _float64(const))
+            hit[1].setflags(write=False)          # shared: no caller may write into it
+            self.size += hit[1].nbytes
+        self.entries[key] = hit                   # (re)inserted last: most recently used
+        while self.size > self.budget and len(self.entries) > 1:
+            self.size -= self.entries.pop(next(iter(self.entries)))[1].nbytes
+        return hit[1]
+
+
+def _float64(const):
+    data = const.value.numpy()
+    return data.astype(np.float64) if data.dtype.kind == "f" or str(data.dtype) == "bfloat16" else data
+
+
+_CACHE = []      # the active _ConstantCache, if any
+
+
+@contextlib.contextmanager
+def cached_constants():
+    """Within: constants are converted once (``FuseAffineRecurrences`` runs inside one)."""
+    _CACHE.append(_ConstantCache())
+    try:
+        yield
+    finally:
+        _CACHE.pop()
 
 
 class Unsupported(Exception):
@@ -286,8 +331,7 @@ class Interpreter:
         if isinstance(e, relax.Var):
             return self.memo[e]
         if isinstance(e, tvm.ir.expr.GenericConst):
-            data = e.value.numpy()
-            return data.astype(np.float64) if data.dtype.kind == "f" or str(data.dtype) == "bfloat16" else data
+            return _CACHE[-1].value(e) if _CACHE else _float64(e)
         if isinstance(e, relax.Tuple):
             return tuple(self._eval(f) for f in e.fields)
         if isinstance(e, relax.TupleGetItem):

@@ -81,7 +81,7 @@ def trace_sizes(static, dims, requested=None):
             if len(sizes[name]) < 2 or len(set(sizes[name])) != len(sizes[name]):
                 raise ValueError(f"trace_sizes: {name} needs at least two distinct sizes")
         else:
-            start = max(2 if axis == 0 else 7, lo or 1)
+            start = max(2 if axis == 0 else 3, lo or 1)
             pool = [p for p in _PRIMES if p >= start and (hi is None or p <= hi) and p not in taken]
             if len(pool) < 3:
                 raise ValueError(f"dynamic_shapes: Dim {name} (min {lo}, max {hi}) leaves no three "
