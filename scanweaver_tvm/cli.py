@@ -192,14 +192,14 @@ def _existing_scans(mod):
 
 
 def _spec_line(function, var, spec, origin):
-    from scanweaver_core.spec import AffineScanSpec
+    from scanweaver_core.spec import AffineScanSpec, symbol_name
 
     if isinstance(spec, AffineScanSpec):
         shape = "x".join(str(d) for d in spec.state_shape) or "scalar"
         direction = "reverse" if spec.reverse else "forward"
-        return (f"{'affine':<9} L={str(spec.length or 'L'):<5} axis={spec.axis}  {direction:<7}  state {shape} "
+        return (f"{'affine':<9} L={symbol_name(spec.length):<5} axis={spec.axis}  {direction:<7}  state {shape} "
                 f"{spec.dtype}  in {function} ({var}: {origin})")
-    return (f"{'selective':<9} L={str(spec.length or 'L'):<5} batch={spec.batch} dim={spec.dim} dstate={spec.dstate} "
+    return (f"{'selective':<9} L={symbol_name(spec.length):<5} batch={spec.batch} dim={spec.dim} dstate={spec.dstate} "
             f"{spec.dtype}  in {function} ({var}: {origin})")
 
 

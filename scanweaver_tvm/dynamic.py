@@ -71,7 +71,7 @@ def static_dims(shapes, dims):
 def trace_sizes(static, dims, requested=None):
     """Three sizes per dim name (two for the fit, one to confirm): small primes within the Dim's
     bounds that equal no ``static`` dim of the inputs nor another dim's sizes, from 2 for a
-    leading (batch-like) dim and from 7 for the others; ``requested`` (name -> sizes) overrides."""
+    leading (batch-like) dim and from 3 for the others; ``requested`` (name -> sizes) overrides."""
     names, taken, sizes = {}, set(static), {}
     for (index, axis), (name, lo, hi) in dims.items():
         names.setdefault(name, (lo, hi, axis))

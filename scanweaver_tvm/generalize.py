@@ -49,6 +49,9 @@ class _Fit:
         self.design = np.array([[np.prod([p[n] for n in m]) for m in self.monomials] for p in points],
                                dtype=np.float64)
         self.analyzer = tvm.sym.Analyzer()
+        self.positive = tvm.sym.Analyzer()      # knows every dim >= 1 (for proofs, not simplify)
+        for var in dims.values():
+            self.positive.update(var, tvm.sym.ConstIntBound(1, tvm.sym.ConstIntBound.POS_INF), override=True)
 
     def coefficients(self, values):
         """Integer coefficients per monomial, or None when no such polynomial fits exactly."""
@@ -109,9 +112,9 @@ def _name(node):
 class _Unifier:
     """Walks the traces' functions in parallel and rebuilds the generalized one."""
 
-    def __init__(self, mods, fit):
-        self.mods, self.fit = mods, fit
-        self.var_maps = [dict() for _ in mods]     # per trace: old Var -> new Var
+    def __init__(self, traces, fit):
+        self.fit = fit
+        self.var_maps = [dict() for _ in range(traces)]     # per trace: old Var -> new Var
         self.constants = {}
         self.where = "?"
 
@@ -279,9 +282,7 @@ class _Unifier:
         shape = getattr(getattr(data, "ty", None), "shape", None)
         if call.attrs.assume_inbound or shape is None:
             return call
-        positive = tvm.sym.Analyzer()
-        for var in self.fit.dims.values():
-            positive.update(var, tvm.sym.ConstIntBound(1, tvm.sym.ConstIntBound.POS_INF), override=True)
+        positive = self.fit.positive
         for i, axis in enumerate(axes.fields):
             extent = shape.values[int(axis.value)]
             step = strides.fields[i] if strides is not None else tirx.IntImm("int64", 1)
@@ -374,7 +375,7 @@ class _Unifier:
         if any(len(f.params) != len(funcs[0].params) for f in funcs):
             self.fail("the number of parameters changes")
         params = []
-        for i, ps in enumerate(zip(*(f.params for f in funcs))):
+        for ps in zip(*(f.params for f in funcs)):
             param = relax.Var(ps[0].name, self.type([p.ty for p in ps], f"parameter {ps[0].name}"))
             self.bind(ps, param)
             params.append(param)
@@ -396,7 +397,7 @@ def generalize(mods, points, dims):
     ``tirx.Var``) symbolic.  Raises ``GeneralizeError`` naming what does not generalize."""
     if len(mods) != len(points) or len(points) < 2 ** len(dims):
         raise ValueError(f"generalize: {len(mods)} traces at {len(points)} points for {len(dims)} dims")
-    unifier = _Unifier(mods, _Fit(points, dims))
+    unifier = _Unifier(len(mods), _Fit(points, dims))
     names = [gv.name_hint for gv in mods[0].get_global_vars()]
     out = {}
     for name in names:
