@@ -15,7 +15,7 @@ from tvm import relax
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, op_name
 from scanweaver_core.scan_op import parse_scan
-from scanweaver_core.spec import AffineScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -254,6 +254,11 @@ def _scan(spec, ops):
         states = reference.affine_scan(np.reshape(a, spec.a_shape), b, h0, spec.axis, spec.reverse)
         out = {"states": states, "last": reference.last_state(states, spec.axis, spec.reverse)}
         got = [out[k] for k in spec.outputs]
+    elif isinstance(spec, MatrixScanSpec):
+        kwargs = dict(zip(spec.operand_names(), ops))
+        got = reference.matrix_scan(decay=spec.decay, reverse=spec.reverse,
+                                    return_last_state=spec.return_last_state, **kwargs)
+        got = list(got) if isinstance(got, tuple) else [got]
     else:
         names = ["u", "delta", "A", "B", "C"] + [k for k, on in (
             ("D", spec.has_D), ("z", spec.has_z), ("delta_bias", spec.has_delta_bias),

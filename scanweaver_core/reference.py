@@ -5,9 +5,9 @@ Deliberately the plain sequential loop, written for clarity, not speed.
 import numpy as np
 
 from .algebra import apply
-from .spec import AffineScanSpec, SelectiveScanSpec
+from .spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
 
-__all__ = ["affine_scan", "last_state", "softplus", "selective_scan"]
+__all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan"]
 
 
 def _f64(x):
@@ -75,3 +75,31 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         z = _f64(z)
         out = out * z / (1.0 + np.exp(-z))
     return (out, h) if return_last_state else out
+
+
+def matrix_scan(q, k, v, g=None, decay=None, h0=None, reverse=False, return_last_state=False):
+    """The matrix-state recurrence of ``MatrixScanSpec`` in float64: per (batch, head)
+    ``S = g_t * S + outer(k_t, v_t)`` (``g_t`` a scalar, a K-vector scaling rows or a V-vector
+    scaling columns, per ``decay``), ``o_t = q_t @ S``.  Arrays (B, H, L, .) broadcast on B and
+    H (``g`` also on L).  Returns ``o (B, H, L, V)`` or ``(o, S (B, H, K, V))``."""
+    arrays = [None if x is None else np.asarray(x) for x in (q, k, v, g, h0)]
+    spec = MatrixScanSpec.for_arrays(*arrays[:4], decay=decay, h0=arrays[4], reverse=reverse,
+                                     return_last_state=return_last_state, check_dtypes=False)
+    bh = (spec.batch, spec.heads)
+    q, k, v = (np.broadcast_to(_f64(x), bh + x.shape[2:]) for x in arrays[:3])
+    if g is not None:
+        g = np.broadcast_to(_f64(arrays[3]), bh + (spec.length, arrays[3].shape[-1]))
+    state = np.zeros(spec.state_shape) if h0 is None else _f64(h0).copy()
+    out = np.empty(spec.out_shape)
+    steps = range(spec.length - 1, -1, -1) if reverse else range(spec.length)
+    for t in steps:
+        decay_t = 1.0
+        if spec.decay == "scalar":
+            decay_t = g[:, :, t, :, None]                # (B, H, 1, 1)
+        elif spec.decay == "key":
+            decay_t = g[:, :, t, :, None]                # (B, H, K, 1)
+        elif spec.decay == "value":
+            decay_t = g[:, :, t, None, :]                # (B, H, 1, V)
+        state = apply((decay_t, k[:, :, t, :, None] * v[:, :, t, None, :]), state)
+        out[:, :, t] = np.einsum("bhk,bhkv->bhv", q[:, :, t], state)
+    return (out, state) if return_last_state else out

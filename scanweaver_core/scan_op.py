@@ -1,6 +1,7 @@
 """How a ScanWeaver scan appears in Relax between FuseAffineRecurrences and LowerScans.
 
-One ``R.call_pure_packed("scanweaver.affine_scan" | "scanweaver.selective_scan", *operands,
+One ``R.call_pure_packed("scanweaver.affine_scan" | "scanweaver.selective_scan" |
+"scanweaver.matrix_scan", *operands,
 R.str(<spec as JSON>))``: readable in ``mod.script()`` (the spec travels with the call, next
 to its operands), pure (so dataflow and dead-code elimination treat it as an ordinary op),
 and replaced by ``call_tir`` when lowered.
@@ -13,9 +14,12 @@ import tvm
 from tvm import relax
 
 from .exprs import tensor_dtype, tensor_shape
-from .spec import AffineScanSpec, SelectiveScanSpec, is_symbolic, symbol_identifiers, symbol_name
+from .spec import (AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, is_symbolic, symbol_identifiers,
+                   symbol_name)
 
-CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec}
+CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec,
+           "scanweaver.matrix_scan": MatrixScanSpec}
+_CALLEE_OF = {kind: name for name, kind in CALLEES.items()}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 
 
@@ -30,6 +34,8 @@ def spec_from_json(kind, text):
     if kind is AffineScanSpec:
         return AffineScanSpec.create(fields["shape"], fields["a_shape"], fields["axis"], fields["reverse"],
                                      fields["has_h0"], fields["dtype"], tuple(fields["outputs"]))
+    if kind is MatrixScanSpec:
+        return MatrixScanSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     return SelectiveScanSpec(**fields)
 
 
@@ -45,6 +51,9 @@ def _types(spec, dim):
     if isinstance(spec, AffineScanSpec):
         shapes = {"states": spec.shape, "last": spec.state_shape}
         return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
+    if isinstance(spec, MatrixScanSpec):
+        shapes = [spec.out_shape] + ([spec.state_shape] if spec.return_last_state else [])
+        return [relax.TensorType([dim(d) for d in shape], spec.dtype) for shape in shapes]
     bdl, bdn = (spec.batch, spec.dim, spec.length), (spec.batch, spec.dim, spec.dstate)
     out = [relax.TensorType([dim(d) for d in bdl], spec.dtype)]
     if spec.return_last_state:
@@ -53,15 +62,26 @@ def _types(spec, dim):
 
 
 def _operand_dims(spec, operands):
-    """Name -> the operands' own PrimExpr for each symbolic extent (b's or u's shape), or None
-    when that shape is not known."""
+    """Name -> the operands' own PrimExpr for each symbolic extent (b's or u's shape; for a
+    matrix scan, the first of q, k, v not broadcast over the batch), or None when that shape
+    is not known."""
+    if isinstance(spec, MatrixScanSpec):
+        shapes = [spec.q_shape, spec.k_shape, spec.v_shape]
+        pick = next((i for i, s in enumerate(shapes) if s[0] == spec.batch), None)
+        if pick is None:
+            return None if is_symbolic(spec.batch) else _dims_of(spec, operands[0], [None, None, spec.length])
+        return _dims_of(spec, operands[pick], [spec.batch, None, spec.length])
     source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
     extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
+    return _dims_of(spec, source, extents)
+
+
+def _dims_of(spec, source, extents):
     shape = getattr(getattr(source, "ty", None), "shape", None)
     values = getattr(shape, "values", None)
-    if values is None or len(values) != len(extents):
+    if values is None or len(values) < len(extents):
         return None
-    return {symbol_name(d): v for d, v in zip(extents, values) if is_symbolic(d)}
+    return {symbol_name(d): v for d, v in zip(extents, values) if d is not None and is_symbolic(d)}
 
 
 def make_scan(spec, operands, ty=None):
@@ -72,7 +92,7 @@ def make_scan(spec, operands, ty=None):
     extents are the operands' own (from b's shape, or u's for a selective scan), so the
     function's shape vars (``R.Tensor(("batch", "L", 4))``) flow into the result and on into
     ``call_tir``; fresh vars (``output_types``) only when those shapes are unknown."""
-    callee = "scanweaver.affine_scan" if isinstance(spec, AffineScanSpec) else "scanweaver.selective_scan"
+    callee = _CALLEE_OF[type(spec)]
     if ty is None:
         dims = _operand_dims(spec, operands) if spec.is_symbolic else None
         types = output_types(spec) if dims is None else _types(

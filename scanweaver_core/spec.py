@@ -3,6 +3,8 @@
 ``AffineScanSpec``: ``h_t = a_t * h_{t-1} + b_t`` along ``axis`` of ``b``; ``a`` broadcasts
 against ``b``; optional initial state ``h0`` (b's shape without the axis); ``reverse`` runs
 from the end.  ``SelectiveScanSpec``: Mamba's selective scan (see ``reference.selective_scan``).
+``MatrixScanSpec``: a matrix state per (batch, head), ``S_t = g_t * S_{t-1} + k_t v_t^T`` read
+out as ``o_t = q_t^T S_t`` (gated linear attention, retention, linear attention, Mamba-2).
 Inputs may be float32/float16/bfloat16; every realization accumulates in float32 and writes
 outputs in the input dtype.  Constructors validate and raise ``ValueError`` naming the operand,
 so a bad shape never reaches TVM.
@@ -16,7 +18,8 @@ Each distinct name becomes one int64 ``tirx.Var`` named ``symbol_identifiers(spe
 import re
 from dataclasses import dataclass
 
-__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "AffineScanSpec", "SelectiveScanSpec", "is_symbolic",
+__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "DECAYS", "AffineScanSpec", "SelectiveScanSpec",
+           "MatrixScanSpec", "is_symbolic",
            "symbol_name", "symbol_identifiers", "static_or"]
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -248,3 +251,138 @@ class SelectiveScanSpec:
         if self.groups:
             return (self.batch, self.groups, self.dstate, self.length)
         return (self.batch, self.dstate, self.length)
+
+
+DECAYS = ("none", "scalar", "key", "value")
+
+
+@dataclass(frozen=True)
+class MatrixScanSpec:
+    """A matrix-valued affine recurrence, one (K, V) state per (batch, head)::
+
+        S_t = g_t * S_{t-1} + k_t v_t^T        o_t = q_t^T S_t   (a V-vector)
+
+    ``decay`` says what ``g_t`` varies over: ``"none"`` (1: linear attention), ``"scalar"``
+    (one value per (batch, head, step): retention, simple GLA, Mamba-2's ``exp(dt*A)``),
+    ``"key"`` (``g_t[k]`` scales row k: GLA's ``exp(gk)``) or ``"value"`` (column v).  The
+    readout always contracts the key dim: a layer reading over its other dim is this spec with
+    K and V named the other way round (the matcher transposes the state).
+
+    Operands, all in (B, H, L, .) layout: ``q``, ``k`` (…, K), ``v`` (…, V), ``g`` (…, K | V | 1)
+    when there is a decay, ``h0`` (B, H, K, V) when ``has_h0``.  Their shapes (``q_shape`` …)
+    may be 1 on B and H (a tensor shared across heads, e.g. Mamba-2's B and C) and ``g``'s
+    also on L (a constant decay, e.g. retention's gamma); each entry is 1 or the full extent.
+    Outputs: ``o`` (B, H, L, V) and, with ``return_last_state``, S after the last step
+    (B, H, K, V), both in ``dtype``; the state is kept in float32.  ``reverse`` runs from the end.
+    ``batch`` and ``length`` may be symbolic (names); the other extents are ints."""
+
+    batch: object            # int or str
+    heads: int
+    length: object           # int or str
+    key: int
+    value: int
+    q_shape: tuple
+    k_shape: tuple
+    v_shape: tuple
+    decay: str = "none"
+    g_shape: tuple = ()
+    reverse: bool = False
+    has_h0: bool = False
+    dtype: str = "float32"
+    return_last_state: bool = False
+
+    @classmethod
+    def create(cls, batch, heads, length, key, value, q_shape=None, k_shape=None, v_shape=None,
+               decay="none", g_shape=None, reverse=False, has_h0=False, dtype="float32",
+               return_last_state=False):
+        """Validate and normalize (operand shapes default to the full ones)."""
+        full_k, full_v = (batch, heads, length, key), (batch, heads, length, value)
+        g_last = {"none": None, "scalar": 1, "key": key, "value": value}
+        if decay not in DECAYS:
+            raise ValueError(f"decay: {decay!r} is not one of {DECAYS}")
+        g_full = () if decay == "none" else (batch, heads, length, g_last[decay])
+        return cls(batch, heads, length, key, value,
+                   tuple(full_k if q_shape is None else q_shape), tuple(full_k if k_shape is None else k_shape),
+                   tuple(full_v if v_shape is None else v_shape), decay,
+                   tuple(g_full if g_shape is None else g_shape), bool(reverse), bool(has_h0),
+                   dtype, bool(return_last_state))
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "length", "key", "value"):
+            value = _check_extent(name, getattr(self, name))
+            if isinstance(value, str) and name not in ("batch", "length"):
+                raise ValueError(f"{name}: must be a positive int (only batch and length may be symbolic)")
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay: {self.decay!r} is not one of {DECAYS}")
+        last = {"scalar": 1, "key": self.key, "value": self.value}.get(self.decay)
+        shapes = {"q": (self.q_shape, self.key, False), "k": (self.k_shape, self.key, False),
+                  "v": (self.v_shape, self.value, False)}
+        if self.decay != "none":
+            shapes["g"] = (self.g_shape, last, True)
+        elif self.g_shape:
+            raise ValueError(f"g: decay 'none' takes no g, got shape {self.g_shape}")
+        for name, (shape, inner, time_may_broadcast) in shapes.items():
+            if len(shape) != 4:
+                raise ValueError(f"{name}: expected a (B, H, L, .) shape, got {shape}")
+            b, h, t, x = shape
+            full_t = t == self.length
+            if b not in (1, self.batch) or h not in (1, self.heads) or x != inner or \
+                    not (full_t or (time_may_broadcast and t == 1)):
+                raise ValueError(f"{name}: shape {shape} does not broadcast to "
+                                 f"{(self.batch, self.heads, self.length, inner)}")
+        _check_dtype(self.dtype)
+
+    @property
+    def is_symbolic(self):
+        """True when batch or length is known only at call time."""
+        return is_symbolic(self.batch) or is_symbolic(self.length)
+
+    @property
+    def state_shape(self):
+        return (self.batch, self.heads, self.key, self.value)
+
+    @property
+    def out_shape(self):
+        return (self.batch, self.heads, self.length, self.value)
+
+    def operand_names(self):
+        """The PrimFunc's inputs, in order."""
+        return ["q", "k", "v"] + (["g"] if self.decay != "none" else []) + (["h0"] if self.has_h0 else [])
+
+    def operand_shapes(self):
+        """``{name: shape}`` of the inputs (``h0`` at the state's shape)."""
+        shapes = {"q": self.q_shape, "k": self.k_shape, "v": self.v_shape, "g": self.g_shape,
+                  "h0": self.state_shape}
+        return {n: shapes[n] for n in self.operand_names()}
+
+    @classmethod
+    def for_arrays(cls, q, k, v, g=None, decay=None, h0=None, reverse=False, return_last_state=False,
+                   check_dtypes=True):
+        """The spec of concrete arrays (B, H, L, .), checked; ``decay`` is read from ``g``'s
+        last dim when not given (K: "key", V: "value", 1: "scalar"; ambiguous when K == V).
+        Without ``check_dtypes`` (the float64 reference) the spec says float32."""
+        if len(q.shape) != 4 or len(v.shape) != 4:
+            raise ValueError(f"q, v: expected (B, H, L, .) arrays, got {tuple(q.shape)}, {tuple(v.shape)}")
+        shapes = [tuple(int(n) for n in x.shape) for x in (q, k, v)]
+        batch = max(s[0] for s in shapes)
+        heads = max(s[1] for s in shapes)
+        length, key, value = shapes[0][2], shapes[0][3], shapes[2][3]
+        g_shape = None
+        if g is None:
+            decay = "none"
+        else:
+            g_shape = tuple(int(n) for n in g.shape)
+            if decay is None:
+                decay = {1: "scalar", key: "key", value: "value"}.get(g_shape[-1] if g_shape else 0)
+                if key == value and g_shape and g_shape[-1] == key and key != 1:
+                    raise ValueError("g: its last dim is both K and V; say decay='key' or 'value'")
+            if decay is None:
+                raise ValueError(f"g: shape {g_shape} is not a decay over (B, H, L, K | V | 1)")
+        if h0 is not None and tuple(h0.shape) != (batch, heads, key, value):
+            raise ValueError(f"h0: expected shape {(batch, heads, key, value)}, got {tuple(h0.shape)}")
+        dtype = str(q.dtype) if check_dtypes else "float32"
+        for name, x in (("k", k), ("v", v), ("g", g), ("h0", h0)):
+            if check_dtypes and x is not None and str(x.dtype) != dtype:
+                raise ValueError(f"{name}: dtype {x.dtype} differs from q's {dtype}")
+        return cls.create(batch, heads, length, key, value, *shapes, decay, g_shape, reverse,
+                          h0 is not None, dtype, return_last_state)

@@ -6,7 +6,7 @@ first that applies, in order of preference, unless a schedule is named.
 """
 import tvm
 
-from scanweaver_core.spec import AffineScanSpec, static_or
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, static_or
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
 from . import cpu, gpu_blelloch, gpu_chunked, gpu_warp, selective_cpu, selective_gpu
@@ -26,7 +26,8 @@ def target_kind(target):
 
 
 def _preferred(spec, kind):
-    form = "affine" if isinstance(spec, AffineScanSpec) else "selective"
+    form = ("affine" if isinstance(spec, AffineScanSpec) else
+            "matrix" if isinstance(spec, MatrixScanSpec) else "selective")
     names = [n for n, m in REALIZATIONS.items() if m.TARGET == kind and m.FORM == form and m.applies(spec)]
     if kind == "cuda" and form == "affine":
         # few lanes and a long L leave SMs idle with one block per lane: split L across blocks
