@@ -21,6 +21,9 @@ from .chains import find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
+from .matrix import MatrixMatch, match_matrix
+from .matrix_layout import (matrix_operand, readouts_from_scan, scan_to_stack, state_from_scan,
+                            state_to_scan)
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 from .validate import validate
@@ -51,8 +54,20 @@ def find(mod, cumulative=False):
                         rec.form, rec.selective = "selective", match
                     else:
                         rec.selective_miss = match
+                        _try_matrix(rec, value, users)
                 found.append(rec)
     return found
+
+
+def _try_matrix(rec, value, users):
+    """Mark ``rec`` a matrix-state scan when ``match_matrix`` reads it as one."""
+    if len(rec.state_shape) < 2:
+        return
+    match = match_matrix(rec, value, users)
+    if isinstance(match, MatrixMatch):
+        rec.form, rec.matrix = "matrix", match
+    else:
+        rec.matrix_miss = match
 
 
 def fuse(mod, cumulative=False):
@@ -265,6 +280,8 @@ class _Rewriter(relax.PyExprMutator):
             self._emit(plan)
         elif plan is not None and plan.form == "selective":
             self._emit_selective(plan)
+        elif plan is not None and plan.form == "matrix":
+            self._emit_matrix(plan)
         elif plan is not None:                              # cumsum / cumprod
             x = self.visit_expr(binding.value.args[0])
             self._replace(binding.var, cumulative_scan(plan, x, self.builder_.emit))
@@ -324,6 +341,37 @@ class _Rewriter(relax.PyExprMutator):
         if match.spec.return_last_state:
             self._replace(rec.states[-1], bb.emit(relax.TupleGetItem(scan, 1)))
 
+    def _emit_matrix(self, rec):
+        bb, match = self.builder_, rec.matrix
+        spec = match.spec
+        lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, self.visit_expr)
+        shapes = spec.operand_shapes()
+        args = [matrix_operand(bb, lifter, match.q, match.roles, "K", shapes["q"], spec.dtype),
+                matrix_operand(bb, lifter, match.k, match.roles, "K", shapes["k"], spec.dtype)]
+        v = None
+        for factor in match.v:
+            part = matrix_operand(bb, lifter, factor, match.roles, "V", None, None)
+            v = part if v is None else bb.emit(relax.op.multiply(v, part))
+        args.append(matrix_operand(bb, lifter, None, match.roles, "V", shapes["v"], spec.dtype, v))
+        if match.decay is not None:
+            inner = {"key": "K", "value": "V", "scalar": None}[spec.decay]
+            args.append(matrix_operand(bb, lifter, match.decay, match.roles, inner, shapes["g"], spec.dtype))
+        if spec.has_h0:
+            args.append(state_to_scan(bb, self.visit_expr(rec.initial), match.roles, spec))
+        scan = bb.emit(make_scan(spec, args), "matrix_scan")
+        out = bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan
+        if match.output is not None:
+            self._replace(match.output, scan_to_stack(bb, out, match, tensor_shape(match.output),
+                                                      tensor_dtype(match.output)))
+        else:                                   # pieces compute more from each readout
+            first = min(rec.indices)
+            positions = [t - first for _, t in match.readout_vars]
+            for (r, _), value in zip(match.readout_vars, readouts_from_scan(bb, out, match, positions)):
+                self._replace(r, value)
+        if spec.return_last_state:
+            last = state_from_scan(bb, bb.emit(relax.TupleGetItem(scan, 1)), match.roles, rec.state_shape)
+            self._replace(rec.states[-1], last)
+
     def _replace(self, var, new):
         self.set_var_remap(var, new)
         self.dropped.add(var)
@@ -348,6 +396,9 @@ def rewrite(mod, recurrences):
     plans = {}
     for recs in by_function.values():
         for rec in recs:
+            if rec.form == "matrix":            # at the first step, like an affine chain
+                plans[rec.states[len(rec.states) - len(rec.bindings)]] = rec
+                continue
             if rec.form != "affine":            # selective, cumsum, cumprod: emitted from rec
                 plans[rec.selective.emit_at if rec.form == "selective" else rec.states[0]] = rec
                 continue

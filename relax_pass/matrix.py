@@ -1,0 +1,470 @@
+"""Recognize a matrix-state recurrence in an accepted affine chain, by what it computes.
+
+Gated linear attention, retention, linear attention and Mamba-2 written as per-step loops
+keep one (K, V) state per (batch, head), ``S = g_t * S + k_t v_t^T``, read out each step as
+``o_t = q_t^T S`` and stacked.  The chain finder sees an affine chain over the state; lifted as
+it is, its input ``b_t`` would become a (B, H, L, K, V) tensor: the memory these layers exist to
+avoid.  This matcher finds, by evaluating the step's pieces on random values (``interpret.py``):
+
+- the readout: one state and one other per-step value ``q_t`` per stacked piece, equal to a
+  contraction of the state over one of its dims (that dim is K; ``einsum``, ``matmul``,
+  ``(q[..., None] * S).sum(-2)`` all read the same), the rest of the state's dims kept;
+- the input: ``b_t`` as a product (``multiply`` of views, ``einsum`` or ``matmul`` with nothing
+  contracted) of factors, exactly one over K (``k_t``), the others not (``v_t`` and per-head
+  scales such as Mamba-2's ``dt``, multiplied into v);
+- the decay ``a_t``: over the lanes only, or also over K or over V (not both).
+
+Each factor is then lifted to the whole sequence (``lift.py``) and put in the scan's
+(B, H, L, .) layout; the state's last non-contracted dim is V, the others are the lanes
+(batch, head).  Anything else returns a reason, and the chain stays an affine scan.
+"""
+import itertools
+import string
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from scanweaver_core.exprs import VarMap
+from scanweaver_core.spec import MatrixScanSpec
+
+from .interpret import Interpreter, Unsupported
+from .operands import operands_of
+from .steps import ONE, WIDTH, op_name, tensor_dtype, tensor_shape
+
+READOUT_BUDGET = 80     # bindings of one readout piece
+ASSIGNMENTS = 4096      # label assignments tried for one product's factors
+_VIEWS = ("relax.expand_dims", "relax.squeeze", "relax.reshape", "relax.broadcast_to",
+          "relax.permute_dims")
+
+
+@dataclass
+class Factor:
+    """A per-step (or invariant) value of the step: ``expr`` and, for each of its non-unit
+    axes in order, the state dim it runs along."""
+    expr: object
+    labels: tuple
+
+
+@dataclass
+class MatrixMatch:
+    spec: MatrixScanSpec
+    roles: dict             # "B" / "H" / "K" / "V" -> state dim (B and H may be absent)
+    q: Factor
+    k: Factor
+    v: list                 # factors multiplied into v (v_t itself, scales)
+    decay: object           # Factor or None
+    output: relax.Var       # the stacked readouts the scan's o replaces (None: each readout)
+    out_labels: tuple       # for each non-unit axis of ``output``: a state dim, or "L"
+    readouts: set           # bindings of the readout pieces (consumed)
+    last_users: bool        # the final state is used elsewhere (return it too)
+    readout_vars: list      # (each step's q_t^T S_t, its time index), in time order
+    readout_labels: tuple   # for each non-unit axis of one readout: a state dim
+
+
+def match_matrix(rec, value_of, users):
+    """A ``MatrixMatch`` for an accepted affine ``rec``, or a string saying why not."""
+    shape = rec.state_shape
+    labels = [d for d, n in enumerate(shape) if n != 1]
+    if len(shape) < 2 or len(labels) < 2:
+        return "the state is not a matrix per lane"
+    value_of = value_of if isinstance(value_of, VarMap) else VarMap(value_of.items())
+    rng = np.random.default_rng(11)
+    readout = _readouts(rec, value_of, users, labels, rng)
+    if isinstance(readout, str):
+        return readout
+    output, out_axes, key, q, consumed, readout_vars, readout_labels = readout
+    lanes_and_v = [d for d in labels if d != key]
+    value_dim, lanes = lanes_and_v[-1], lanes_and_v[:-1]
+    if len(lanes) > 2:
+        return f"the state has {len(lanes)} lane dims besides K and V (at most 2: batch, head)"
+    roles = {"K": key, "V": value_dim, **dict(zip(("B", "H"), lanes))}
+    product = _product(rec, value_of, labels, rng)
+    if isinstance(product, str):
+        return product
+    keyed = [f for f in product if key in f.labels]
+    if len(keyed) != 1 or value_dim in keyed[0].labels:
+        return "b_t is not an outer product k_t v_t^T of a key vector and a value vector"
+    others = [f for f in product if f is not keyed[0]]
+    if not any(value_dim in f.labels for f in others):
+        return "b_t has no factor over the value dim"
+    decay = _decay(rec, roles)
+    if isinstance(decay, str):
+        return decay
+    stray = [s for s in rec.states[:-1] if any(u not in rec.internal and u not in consumed
+                                                for u in users.get(s, []))]
+    if stray:
+        return f"state {stray[0].name} is used outside the readout"
+    last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
+    spec = _spec(rec, roles, q, keyed[0], others, decay, last_users)
+    return MatrixMatch(spec, roles, q, keyed[0], others, decay, output, out_axes, consumed, last_users,
+                       readout_vars, readout_labels)
+
+
+# -- the readout ---------------------------------------------------------------------------------
+@dataclass
+class Piece:
+    """One step's readout inside a stacked piece: ``readout = q_t^T state`` (``region``: its
+    bindings), under what the piece computes from it (``readout is field``: nothing)."""
+    state: relax.Var
+    readout: relax.Var
+    q: object
+    region: set
+
+
+def _readouts(rec, value_of, users, labels, rng):
+    """``(stacked var or None, labels, K dim, q Factor, consumed, readouts, readout labels)``
+    for a stack of one piece per state in time order, each computing ``q_t^T S_t`` (and maybe
+    more from it: a skip term, a gate, a normalizer), or a reason.  The stacked var is set when
+    the pieces are the readouts themselves (the scan's output then replaces the stack)."""
+    states = VarMap(zip(rec.states, rec.indices))
+    position = rec.analysis.positions()
+    start = position.get(rec.states[0], -1)
+    why = "no stack of per-step readouts q_t^T S_t (a contraction of the state with a per-step vector)"
+    for cat, call in value_of.items():
+        if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
+            continue
+        fields = list(call.args[0].fields)
+        if len(fields) != len(rec.states) or not all(isinstance(f, relax.Var) for f in fields):
+            continue
+        first = _piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
+        if first is None:
+            continue
+        piece, (key, q_labels, r_labels) = first
+        pieces = [piece] + [_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
+        if any(p is None for p in pieces):
+            why = f"the pieces stacked in {cat.name} do not each read one state the same way"
+            continue
+        times = [states[p.state] for p in pieces]
+        keys = {rec.analysis.template(p.q).key for p in pieces}
+        if times != sorted(times) or len(keys) != 1 or \
+                any(rec.analysis.template(p.q).index != t for p, t in zip(pieces, times)):
+            why = (f"the readouts in {cat.name} are not stacked in time order, each reading its "
+                   "own step's q_t and state")
+            continue
+        consumed = set().union(*(p.region for p in pieces))
+        readouts = [(p.readout, t) for p, t in zip(pieces, times)]
+        stacked = _stack(value_of, users, cat, fields, rec.length)
+        out_labels = None
+        if stacked is not None and all(p.readout.same_as(f) for p, f in zip(pieces, fields)):
+            var, time_axis = stacked
+            out_labels = list(r_labels)
+            out_labels.insert(_non_unit_rank(tensor_shape(var)[:time_axis]), "L")
+            out_labels = tuple(out_labels)
+            consumed |= set(fields) | {cat, var}
+        else:
+            var = None
+        return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels
+    return why
+
+
+def _non_unit_rank(shape):
+    return sum(1 for n in shape if n != 1)
+
+
+def _stack(value_of, users, cat, fields, length):
+    """``(var, time axis)`` of the stack ``cat`` makes of ``fields``: a concat of pieces with a
+    unit dim at the axis, or of whole pieces followed by a reshape splitting that axis into
+    (L, piece extent); None otherwise."""
+    shape, piece = tensor_shape(cat), tensor_shape(fields[0])
+    if shape is None or piece is None or any(tensor_shape(f) != piece for f in fields):
+        return None
+    axis = int(value_of[cat].attrs.axis) % len(shape)
+    if piece[axis] == 1:
+        return cat, axis
+    found = users.get(cat, [])
+    split = piece[:axis] + (length,) + piece[axis:]
+    if len(found) == 1 and isinstance(found[0], relax.Var) and \
+            op_name(value_of.get(found[0])) == "relax.reshape" and tensor_shape(found[0]) == split:
+        return found[0], axis
+    return None
+
+
+def _piece(value_of, field, states, position, start, state_shape=None, labels=None, rng=None,
+           like=None):
+    """The ``Piece`` in ``field``: the highest binding that reads one state and one other
+    non-constant value only, through which every path from ``field`` to the state goes.  For
+    the first piece (``like`` None) it must be a contraction (checked numerically; returns
+    ``(piece, contraction)``); the others must read like ``like`` (same op, same shape)."""
+    depends, memo = VarMap(), VarMap()
+
+    def reads_state(v):
+        if not isinstance(v, relax.Var):
+            return False
+        if v in states:
+            return True
+        if position.get(v, -1) <= start or v not in value_of:
+            return False
+        if v not in depends:
+            depends[v] = False
+            depends[v] = any([reads_state(a) for a in operands_of(value_of[v])])
+        return depends[v]
+
+    def visit(v):                    # v reads a state: (its other inputs, its states, region)
+        if v in states:
+            return (), (v,), set()
+        if v not in memo:
+            if len(memo) > READOUT_BUDGET:
+                raise _TooBig()
+            ins, sts, region = [], [], {v}
+            for a in operands_of(value_of[v]):
+                if reads_state(a):
+                    i2, s2, r2 = visit(a)
+                    ins += i2
+                    sts += s2
+                    region |= r2
+                elif not isinstance(a, tvm.ir.GenericConst):
+                    ins.append(a)
+            memo[v] = (_unique(ins), _unique(sts), region)
+        return memo[v]
+
+    if not reads_state(field):
+        return None
+    try:
+        visit(field)
+    except _TooBig:
+        return None
+    candidates = [v for v, (ins, sts, _) in memo.items() if len(ins) == 1 and len(sts) == 1]
+    candidates.sort(key=lambda v: position.get(v, -1), reverse=True)
+    for r in candidates:
+        (top,), (state,), region = memo[r]
+        if not _dominates(value_of, field, r, states, reads_state):
+            continue
+        for q in _view_chain(value_of, top)[::-1]:      # the least reshaped view first
+            piece = Piece(state, r, q, region)
+            if like is not None:
+                if op_name(value_of[r]) == op_name(value_of[like.readout]) and \
+                        tensor_shape(r) == tensor_shape(like.readout) and tensor_shape(q) == tensor_shape(like.q):
+                    return piece
+                continue
+            found = _contraction(value_of, r, piece, state_shape, labels, rng)
+            if found is not None:
+                return piece, found
+    return None
+
+
+def _view_chain(value_of, x):
+    """``x`` and the tensors it is a layout view of (through reshapes, broadcasts, unit dims,
+    transposes and widening casts): the readout's q may be read in any of these layouts."""
+    chain = [x]
+    while isinstance(x, relax.Var):
+        call = value_of.get(x)
+        if not (op_name(call) in _VIEWS or _widening(call)) or not isinstance(call.args[0], relax.Var):
+            break
+        x = call.args[0]
+        chain.append(x)
+    return chain
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _unique(xs):
+    out = []
+    for x in xs:
+        if not any(x.same_as(y) for y in out):
+            out.append(x)
+    return tuple(out)
+
+
+def _dominates(value_of, field, r, states, reads_state):
+    """Every path from ``field`` down to a state goes through ``r``."""
+    stack, seen = [field], set()
+    while stack:
+        v = stack.pop()
+        if v.same_as(r) or v in seen:
+            continue
+        if v in states:
+            return False
+        seen.add(v)
+        stack.extend(a for a in operands_of(value_of.get(v)) if reads_state(a))
+    return True
+
+
+def _contraction(value_of, field, piece, state_shape, labels, rng):
+    """``(K dim, q's labels, field's labels)`` when ``field`` is ``sum_k q[.., k] S[.., k, ..]``
+    for one state dim k (q may omit lane dims: shared across heads), checked on random S and
+    q; else None."""
+    state, q = piece.state, piece.q
+    qs, fs = tensor_shape(q), tensor_shape(field)
+    if qs is None or fs is None:
+        return None
+    sv, qv = rng.uniform(-1, 1, state_shape), rng.uniform(-1, 1, qs)
+    got = _evaluate(value_of, field, {state: sv, q: qv})
+    if got is None:
+        return None
+    got = _squeezed(got)
+    for key in labels:
+        kept = [d for d in labels if d != key]
+        if sorted(state_shape[d] for d in kept) != sorted(got.shape):
+            continue
+        for q_labels in _assignments(qs, labels, state_shape):
+            if key not in q_labels:
+                continue
+            want = _einsum([(_squeezed(sv), tuple(labels)), (_squeezed(qv), q_labels)], kept, state_shape)
+            for order in itertools.permutations(range(len(kept))):
+                if [want.shape[i] for i in order] == list(got.shape) and \
+                        np.allclose(np.transpose(want, order), got, rtol=1e-6, atol=1e-9):
+                    return key, q_labels, tuple(kept[i] for i in order)
+    return None
+
+
+# -- the input and the decay ---------------------------------------------------------------------
+def _product(rec, value_of, labels, rng):
+    """``b_t``'s factors (``Factor``s), checked: ``b_t`` equals their product on random values."""
+    leaves = _product_leaves(value_of, rec.b)
+    tensors = [x for x in leaves if not (isinstance(x, tvm.ir.GenericConst) and x.value.numpy().size == 1)]
+    if len(tensors) < 2:
+        return "b_t is not a product of per-step factors"
+    values = {x: rng.uniform(0.5, 1.5, tensor_shape(x)) for x in tensors}
+    got = _evaluate(value_of, rec.b, values)
+    if got is None:
+        return "b_t could not be evaluated on random factors"
+    shape = rec.state_shape
+    got = np.broadcast_to(got, shape) if _broadcasts(got.shape, shape) else None
+    if got is None:
+        return "b_t does not broadcast to the state"
+    scalar = 1.0
+    for x in leaves:
+        if x not in values:
+            scalar *= float(x.value.numpy().reshape(()))
+    options = [_assignments(tensor_shape(x), labels, shape) for x in tensors]
+    if int(np.prod([len(o) for o in options])) > ASSIGNMENTS:
+        return "b_t's factors have too many readings along the state's dims"
+    for choice in itertools.product(*options):
+        want = scalar * _spread([_squeezed(values[x]) for x in tensors], choice, shape)
+        if np.allclose(want, got, rtol=1e-6, atol=1e-9):
+            return [Factor(x, ls) for x, ls in zip(tensors, choice)] + \
+                ([Factor(relax.const(scalar, rec.dtype), ())] if scalar != 1.0 else [])
+    return "b_t is not a product of factors along the state's dims"
+
+
+def _product_leaves(value_of, expr):
+    """The factors of a product tree: through ``multiply``, layout views, widening casts,
+    ``einsum`` and ``matmul`` that contract nothing (a unit dim at most)."""
+    out, stack = [], [expr]
+    while stack:
+        x = stack.pop()
+        value = value_of.get(x) if isinstance(x, relax.Var) else (x if isinstance(x, relax.Call) else None)
+        name = op_name(value)
+        if name == "relax.multiply" or (name in _VIEWS) or _widening(value):
+            stack.extend(a for a in value.args[:2 if name == "relax.multiply" else 1])
+        elif name == "relax.einsum" and _contracts_nothing(value):
+            stack.extend(value.args[0].fields)
+        elif name == "relax.matmul" and _outer_matmul(value):
+            stack.extend(value.args)
+        else:
+            out.append(x)
+    return out
+
+
+def _widening(value):
+    if op_name(value) != "relax.astype":
+        return False
+    source, target = tensor_dtype(value.args[0]), str(value.attrs.dtype)
+    return source in WIDTH and target in WIDTH and WIDTH[target] >= WIDTH[source]
+
+
+def _contracts_nothing(call):
+    subscripts = str(call.attrs.subscripts)
+    if "->" not in subscripts or "..." in subscripts:
+        return False
+    ins, out = subscripts.split("->")
+    return set(ins.replace(",", "")) <= set(out)
+
+
+def _outer_matmul(call):
+    x, y = (tensor_shape(a) for a in call.args)
+    return x is not None and y is not None and len(x) >= 2 and len(y) >= 2 and x[-1] == 1 and y[-2] == 1
+
+
+def _decay(rec, roles):
+    """``a_t`` as a Factor (None when it is 1), or why it is not a decay over the lanes
+    and at most one of K, V."""
+    if rec.a is None or rec.a is ONE:
+        return None
+    shape = tensor_shape(rec.a)
+    if shape is None or not _broadcasts(shape, rec.state_shape):
+        return "a_t does not broadcast to the state"
+    offset = len(rec.state_shape) - len(shape)
+    labels = tuple(offset + i for i, n in enumerate(shape) if n != 1)
+    if roles["K"] in labels and roles["V"] in labels:
+        return "the decay a_t varies over both state dims (K and V): not a gate of one of them"
+    return Factor(rec.a, labels)
+
+
+def _spec(rec, roles, q, k, v, decay, last_users):
+    shape = rec.state_shape
+
+    def extent(role):
+        return shape[roles[role]] if role in roles else 1
+
+    def canonical(factor, inner, per_step=True):
+        covered = set(factor.labels)
+        return tuple(extent(r) if r in roles and roles[r] in covered else 1 for r in ("B", "H")) + \
+            (rec.length if per_step else 1, extent(inner) if roles[inner] in covered else 1)
+
+    v_shape = _broadcast([canonical(f, "V") for f in v])
+    v_shape = v_shape[:2] + (rec.length, extent("V"))
+    if decay is None:
+        kind, g_shape = "none", ()
+    else:
+        kind = "key" if roles["K"] in decay.labels else "value" if roles["V"] in decay.labels else "scalar"
+        inner = {"key": "K", "value": "V", "scalar": None}[kind]
+        g_shape = canonical(decay, inner or "K")
+        g_shape = g_shape[:3] + ((1,) if inner is None else g_shape[3:])
+        g_shape = g_shape[:2] + ((rec.length if rec.analysis.template(decay.expr).index is not None else 1),) + g_shape[3:]
+    return MatrixScanSpec.create(extent("B"), extent("H"), rec.length, extent("K"), extent("V"),
+                                 canonical(q, "K"), canonical(k, "K"), v_shape, kind, g_shape,
+                                 rec.reverse, rec.initial is not None, rec.dtype, last_users)
+
+
+def _broadcast(shapes):
+    return tuple(max(ns) for ns in zip(*shapes))
+
+
+# -- numeric helpers -----------------------------------------------------------------------------
+def _evaluate(value_of, expr, env):
+    interp = Interpreter(value_of)
+    interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
+    try:
+        got = interp(expr)
+    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
+        return None
+    return np.asarray(got, dtype=np.float64)
+
+
+def _squeezed(x):
+    return np.reshape(x, [n for n in np.shape(x) if n != 1])
+
+
+def _broadcasts(shape, target):
+    if len(shape) > len(target):
+        return False
+    return all(n in (1, m) for n, m in zip(shape[::-1], target[::-1]))
+
+
+def _assignments(shape, labels, state_shape):
+    """Each way to read the non-unit axes of ``shape``, in order, as distinct state dims of
+    equal extent: tuples of state dims."""
+    axes = [n for n in shape if n != 1]
+    return [p for p in itertools.permutations(labels, len(axes))
+            if all(state_shape[d] == n for d, n in zip(p, axes))]
+
+
+def _spread(arrays, labels, state_shape):
+    """The product of ``arrays`` (each along its ``labels``), broadcast to the state's shape."""
+    arrays = list(arrays)
+    covered = sorted(set().union(*labels))
+    prod = _einsum(list(zip(arrays, labels)), covered, state_shape)
+    return np.broadcast_to(prod.reshape([state_shape[d] if d in covered else 1
+                                         for d in range(len(state_shape))]), state_shape)
+
+
+def _einsum(operands, out, state_shape):
+    """``prod`` of the operands (each ``(array, labels)``) summed over what ``out`` omits."""
+    letter = {d: string.ascii_letters[i] for i, d in enumerate(range(len(state_shape)))}
+    spec = ",".join("".join(letter[d] for d in ls) for _, ls in operands)
+    return np.einsum(f"{spec}->{''.join(letter[d] for d in out)}", *[x for x, _ in operands])

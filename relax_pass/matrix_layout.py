@@ -1,0 +1,111 @@
+"""Between a user's layouts and a matrix scan's (B, H, L, .) ones, for the rewrite.
+
+``match_matrix`` (``matrix.py``) names, for each factor of a step, the state dim each of its
+non-unit axes runs along, and gives the state's dims roles: ``K`` (contracted by the readout),
+``V``, and the lanes ``B`` and ``H`` (absent when of extent 1).  These helpers move the lifted
+whole-sequence tensors, the initial and final state and the stacked readouts between the two
+layouts with one ``permute_dims`` and one ``reshape`` each (unit dims only move).
+"""
+from tvm import relax
+
+from .steps import tensor_dtype, tensor_shape
+
+_LANES = ("B", "H")
+
+
+def matrix_operand(bb, lifter, factor, roles, inner, shape=None, dtype=None, canonical=None):
+    """A scan operand: ``factor`` lifted to the whole sequence (or the ``canonical`` tensor
+    given) in (B, H, L, inner) layout, broadcast to ``shape`` and cast to ``dtype`` if needed."""
+    if canonical is None:
+        canonical = _canonical(bb, *lifter.lift(factor.expr), factor.labels, roles, inner)
+    if shape is not None and tensor_shape(canonical) != tuple(shape):
+        canonical = bb.emit(relax.op.broadcast_to(canonical, shape))
+    if dtype is not None and tensor_dtype(canonical) != dtype:
+        canonical = bb.emit(relax.op.astype(canonical, dtype))
+    return canonical
+
+
+def _canonical(bb, e, tax, labels, roles, inner):
+    shape = tensor_shape(e)
+    axes = [i for i, n in enumerate(shape) if i != tax and n != 1]
+    if len(axes) != len(labels):
+        raise ValueError(f"a lifted factor of shape {shape} does not keep its step's dims {labels}")
+    axis_of = dict(zip(labels, axes))
+    perm, out = [], []
+    for role in _LANES + ("L", inner):
+        if role == "L":
+            axis = tax
+        else:
+            axis = axis_of.get(roles.get(role)) if role else None
+        if axis is None:
+            out.append(1)
+        else:
+            perm.append(axis)
+            out.append(shape[axis])
+    if set(axis_of.values()) - set(perm):
+        raise ValueError(f"a factor runs along state dims {labels} the scan gives it no room for")
+    perm += [i for i in range(len(shape)) if i not in perm]
+    if perm != list(range(len(shape))):
+        e = bb.emit(relax.op.permute_dims(e, perm))
+    if tensor_shape(e) != tuple(out):
+        e = bb.emit(relax.op.reshape(e, out))
+    return e
+
+
+def state_to_scan(bb, x, roles, spec):
+    """A state in the user's layout as the scan's (B, H, K, V)."""
+    present = [roles[r] for r in _LANES + ("K", "V") if r in roles]
+    perm = present + [d for d in range(len(tensor_shape(x))) if d not in present]
+    if perm != list(range(len(perm))):
+        x = bb.emit(relax.op.permute_dims(x, perm))
+    if tensor_shape(x) != tuple(spec.state_shape):
+        x = bb.emit(relax.op.reshape(x, spec.state_shape))
+    return x
+
+
+def state_from_scan(bb, s, roles, state_shape):
+    """The scan's (B, H, K, V) state in the user's layout."""
+    present = [roles[r] for r in _LANES + ("K", "V") if r in roles]
+    s = bb.emit(relax.op.reshape(s, [state_shape[d] for d in present]))
+    order = sorted(range(len(present)), key=lambda i: present[i])
+    if order != list(range(len(order))):
+        s = bb.emit(relax.op.permute_dims(s, order))
+    return bb.emit(relax.op.reshape(s, state_shape)) if tensor_shape(s) != tuple(state_shape) else s
+
+
+def scan_to_stack(bb, o, match, out_shape, out_dtype):
+    """The scan's o (B, H, L, V) as the user's stacked readouts (``match.out_labels``)."""
+    roles = match.roles
+    present = [roles[r] for r in _LANES if r in roles] + ["L", roles["V"]]
+    extents = [n for n in tensor_shape(o) if n != 1]
+    if sorted(map(str, present)) != sorted(map(str, match.out_labels)) or len(extents) != len(present):
+        raise ValueError(f"the stacked readouts' dims {match.out_labels} are not the scan's {present}")
+    o = bb.emit(relax.op.reshape(o, [n for n in tensor_shape(o) if n != 1]))
+    perm = [present.index(label) for label in match.out_labels]
+    if perm != list(range(len(perm))):
+        o = bb.emit(relax.op.permute_dims(o, perm))
+    if tensor_shape(o) != tuple(out_shape):
+        o = bb.emit(relax.op.reshape(o, out_shape))
+    if tensor_dtype(o) != out_dtype:
+        o = bb.emit(relax.op.astype(o, out_dtype))
+    return o
+
+
+def readouts_from_scan(bb, o, match, positions):
+    """Each step's readout ``q_t^T S_t`` (in its own layout) read from the scan's o, for pieces
+    that compute more from it: time first, then one ``take`` per step (``positions``: each
+    readout's step within the scan)."""
+    roles, piece = match.roles, match.readout_vars[0][0]
+    present = [roles[r] for r in _LANES if r in roles] + ["L", roles["V"]]
+    labels = ("L",) + tuple(match.readout_labels)
+    if sorted(map(str, present)) != sorted(map(str, labels)):
+        raise ValueError(f"a readout's dims {match.readout_labels} are not the scan's {present}")
+    o = bb.emit(relax.op.reshape(o, [n for n in tensor_shape(o) if n != 1]))
+    perm = [present.index(label) for label in labels]
+    if perm != list(range(len(perm))):
+        o = bb.emit(relax.op.permute_dims(o, perm))
+    shape = tensor_shape(piece)
+    o = bb.emit(relax.op.reshape(o, (tensor_shape(o)[0],) + tuple(shape)))
+    if tensor_dtype(o) != tensor_dtype(piece):
+        o = bb.emit(relax.op.astype(o, tensor_dtype(piece)))
+    return [bb.emit(relax.op.take(o, relax.const(t, "int64"), axis=0)) for t in positions]
