@@ -122,10 +122,7 @@ def _readouts(rec, value_of, users, labels, rng):
     position = rec.analysis.positions()
     start = position.get(rec.states[0], -1)
     why = "no stack of per-step readouts q_t^T S_t (a contraction of the state with a per-step vector)"
-    for cat, call in value_of.items():
-        if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
-            continue
-        fields = list(call.args[0].fields)
+    for where, fields, stack in _stack_sources(value_of, users, rec):
         if len(fields) != len(rec.states) or not all(isinstance(f, relax.Var) for f in fields):
             continue
         first = _piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
@@ -134,29 +131,98 @@ def _readouts(rec, value_of, users, labels, rng):
         piece, (key, q_labels, r_labels) = first
         pieces = [piece] + [_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
         if any(p is None for p in pieces):
-            why = f"the pieces stacked in {cat.name} do not each read one state the same way"
+            why = f"the pieces stacked in {where.name} do not each read one state the same way"
             continue
         times = [states[p.state] for p in pieces]
         keys = {rec.analysis.template(p.q).key for p in pieces}
         if times != sorted(times) or len(keys) != 1 or \
                 any(rec.analysis.template(p.q).index != t for p, t in zip(pieces, times)):
-            why = (f"the readouts in {cat.name} are not stacked in time order, each reading its "
+            why = (f"the readouts in {where.name} are not stacked in time order, each reading its "
                    "own step's q_t and state")
             continue
         consumed = set().union(*(p.region for p in pieces))
         readouts = [(p.readout, t) for p, t in zip(pieces, times)]
-        stacked = _stack(value_of, users, cat, fields, rec.length)
+        stacked = stack(pieces) if all(p.readout.same_as(f) for p, f in zip(pieces, fields)) else None
         out_labels = None
-        if stacked is not None and all(p.readout.same_as(f) for p, f in zip(pieces, fields)):
-            var, time_axis = stacked
+        var = None
+        if stacked is not None:
+            var, time_axis, region = stacked
             out_labels = list(r_labels)
             out_labels.insert(_non_unit_rank(tensor_shape(var)[:time_axis]), "L")
             out_labels = tuple(out_labels)
-            consumed |= set(fields) | {cat, var}
-        else:
-            var = None
+            consumed |= set(fields) | region
         return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels
     return why
+
+
+def _stack_sources(value_of, users, rec):
+    """``(var, fields, stack)`` for each way the graph gathers per-step values: a ``concat``
+    (``torch.stack``/``cat`` of a list), or a chain of in-place writes ``o[:, :, t] = x_t``
+    (exported as one ``where(arange == t, x_t, o)`` per step over the whole buffer).
+    ``stack(pieces)`` gives ``(stacked var, time axis, bindings it replaces)`` when the
+    gathered values are exactly the pieces' readouts stacked in time, else None."""
+    for cat, call in value_of.items():
+        if op_name(call) == "relax.concat" and isinstance(call.args[0], relax.Tuple):
+            fields = list(call.args[0].fields)
+
+            def stack(_pieces, cat=cat, fields=fields):
+                found = _stack(value_of, users, cat, fields, rec.length)
+                return None if found is None else (*found, {cat, found[0]})
+            yield cat, fields, stack
+    for last, chain in _write_chains(value_of, users, rec.length):
+        fields = [_written_value(value_of, value_of[w].args[1]) for w in chain]
+        yield last, fields, lambda pieces, last=last, chain=chain: _written(value_of, last, chain, pieces)
+
+
+def _write_chains(value_of, users, length):
+    """The chains of ``where`` writes into one buffer with an axis of ``length``: ``(last,
+    [first .. last])`` for each last write (no ``where`` of its shape uses it)."""
+    for w, call in value_of.items():
+        shape = tensor_shape(w)
+        if op_name(call) != "relax.where" or shape is None or length not in shape:
+            continue
+        if any(op_name(value_of.get(u)) == "relax.where" and tensor_shape(u) == shape
+               for u in users.get(w, []) if isinstance(u, relax.Var)):
+            continue
+        chain, x = [], w
+        while isinstance(x, relax.Var) and op_name(value_of.get(x)) == "relax.where" and tensor_shape(x) == shape:
+            chain.append(x)
+            x = value_of[x].args[2]
+        if len(chain) >= 2:
+            yield w, chain[::-1]
+
+
+def _written_value(value_of, x):
+    """What a write puts in its slot: below the broadcast (and unit dims) that spread it over
+    the whole buffer."""
+    while isinstance(x, relax.Var) and op_name(value_of.get(x)) in ("relax.broadcast_to", "relax.expand_dims"):
+        x = value_of[x].args[0]
+    return x
+
+
+def _written(value_of, last, chain, pieces):
+    """``(last, axis, bindings)`` when the writes leave the pieces' readouts stacked along
+    ``axis`` in time order, every slot written (checked on random readouts and a random
+    initial buffer), else None."""
+    rng = np.random.default_rng(13)
+    shape = tensor_shape(last)
+    env = {p.readout: rng.standard_normal(tensor_shape(p.readout)) for p in pieces}
+    first_buffer = value_of[chain[0]].args[2]
+    interp = Interpreter(value_of, missing=lambda var: rng.standard_normal(tensor_shape(var) or ()))
+    interp.memo.update(env)
+    if isinstance(first_buffer, relax.Var):
+        interp.memo[first_buffer] = rng.standard_normal(shape)
+    try:
+        got = interp(last)
+    except (Unsupported, ValueError, TypeError, IndexError, KeyError):
+        return None
+    values = [env[p.readout] for p in pieces]
+    for axis, n in enumerate(shape):
+        if n == len(values) and all(np.take(got, t, axis=axis).size == v.size and
+                                    np.array_equal(np.take(got, t, axis=axis).reshape(v.shape), v)
+                                    for t, v in enumerate(values)):
+            return last, axis, {x for x in interp.memo if x not in env and not x.same_as(first_buffer)}
+    return None
 
 
 def _non_unit_rank(shape):

@@ -66,7 +66,7 @@ def state_to_scan(bb, x, roles, spec):
 def state_from_scan(bb, s, roles, state_shape):
     """The scan's (B, H, K, V) state in the user's layout."""
     present = [roles[r] for r in _LANES + ("K", "V") if r in roles]
-    s = bb.emit(relax.op.reshape(s, [state_shape[d] for d in present]))
+    s = _reshaped(bb, s, [state_shape[d] for d in present])
     order = sorted(range(len(present)), key=lambda i: present[i])
     if order != list(range(len(order))):
         s = bb.emit(relax.op.permute_dims(s, order))
@@ -80,7 +80,7 @@ def scan_to_stack(bb, o, match, out_shape, out_dtype):
     extents = [n for n in tensor_shape(o) if n != 1]
     if sorted(map(str, present)) != sorted(map(str, match.out_labels)) or len(extents) != len(present):
         raise ValueError(f"the stacked readouts' dims {match.out_labels} are not the scan's {present}")
-    o = bb.emit(relax.op.reshape(o, [n for n in tensor_shape(o) if n != 1]))
+    o = _reshaped(bb, o, [n for n in tensor_shape(o) if n != 1])
     perm = [present.index(label) for label in match.out_labels]
     if perm != list(range(len(perm))):
         o = bb.emit(relax.op.permute_dims(o, perm))
@@ -100,12 +100,16 @@ def readouts_from_scan(bb, o, match, positions):
     labels = ("L",) + tuple(match.readout_labels)
     if sorted(map(str, present)) != sorted(map(str, labels)):
         raise ValueError(f"a readout's dims {match.readout_labels} are not the scan's {present}")
-    o = bb.emit(relax.op.reshape(o, [n for n in tensor_shape(o) if n != 1]))
+    o = _reshaped(bb, o, [n for n in tensor_shape(o) if n != 1])
     perm = [present.index(label) for label in labels]
     if perm != list(range(len(perm))):
         o = bb.emit(relax.op.permute_dims(o, perm))
     shape = tensor_shape(piece)
-    o = bb.emit(relax.op.reshape(o, (tensor_shape(o)[0],) + tuple(shape)))
+    o = _reshaped(bb, o, (tensor_shape(o)[0],) + tuple(shape))
     if tensor_dtype(o) != tensor_dtype(piece):
         o = bb.emit(relax.op.astype(o, tensor_dtype(piece)))
     return [bb.emit(relax.op.take(o, relax.const(t, "int64"), axis=0)) for t in positions]
+
+
+def _reshaped(bb, x, shape):
+    return x if tensor_shape(x) == tuple(shape) else bb.emit(relax.op.reshape(x, shape))

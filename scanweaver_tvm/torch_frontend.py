@@ -44,10 +44,10 @@ def _fail(why):
 def custom_convert_map():
     """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
     the converters that repair TVM's (``torch_repairs``)."""
-    from .torch_repairs import convert_conv1d, convert_convolution
+    from .torch_repairs import convert_conv1d, convert_convolution, convert_group_norm
 
     return {"scan": convert_scan, "conv1d.default": convert_conv1d,
-            "convolution.default": convert_convolution}
+            "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm}
 
 
 def _static(expr, what):

@@ -16,7 +16,11 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   its bias of the input's dtype ("Binary operators must have the same datatype"): a Mamba
   with bf16 weights cannot be imported.  ``convert_conv1d`` computes it as PyTorch's CPU
   kernel does, in float32 from the inputs, rounded to the input dtype.
+- ``F.group_norm(x, groups)`` without weight and bias (RetNet's per-head norm) crashes the
+  import ("Found null pointer node"): TVM's converter passes the missing weight on as a null.
+  ``convert_group_norm`` gives it ones and zeros of the channel count, which is the same norm.
 """
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -41,6 +45,25 @@ def convert_convolution(node, importer):
     if _all_float32((x, weight), bias) or transposed or len(importer.shape_of(weight)) != 3:
         return importer._convolution(node)  # pylint: disable=protected-access
     return _conv1d_in_float32(importer, node, x, weight, bias, stride, padding, dilation, groups)
+
+
+def convert_group_norm(node, importer):
+    """``aten.native_group_norm``: TVM's converter, with a missing weight (bias) as ones (zeros)."""
+    x = importer.env[node.args[0]]
+    channels = tensor_shape(x)[1]
+    args = list(node.args)
+    missing = [i for i in (1, 2) if len(args) <= i or args[i] is None]
+    if not missing:
+        return importer._native_group_norm(node)  # pylint: disable=protected-access
+    dtype = tensor_dtype(x)
+    gamma, beta = (importer.env[args[i]] if i not in missing else
+                   relax.const(np.full((channels,), 1.0 if i == 1 else 0.0, dtype=dtype), dtype)
+                   for i in (1, 2))
+    num_groups = args[6] if len(args) > 6 else 1
+    eps = args[7] if len(args) > 7 else 1e-05
+    return importer.block_builder.emit(relax.op.nn.group_norm(
+        x, gamma, beta, num_groups=num_groups, channel_axis=1,
+        axes=list(range(2, len(tensor_shape(x)))), epsilon=eps))
 
 
 def _all_float32(tensors, bias):
