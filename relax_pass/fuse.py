@@ -17,11 +17,12 @@ from scanweaver_core.exprs import error_line
 from scanweaver_core.scan_op import emit_affine_scan, make_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
-from .chains import find_chains
+from .chains import Recurrence, find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
 from .matrix import MatrixMatch, match_matrix
+from .matrix_lifted import LiftedMatch, emit_lifted, find_lifted
 from .matrix_layout import (matrix_operand, readouts_from_scan, scan_to_stack, state_from_scan,
                             state_to_scan)
 from .selective import SelectiveMatch, match_selective
@@ -75,7 +76,28 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
-        return _fuse(mod, find(mod, cumulative))
+        new, recurrences = _fuse(mod, find(mod, cumulative))
+        lifted = find_lifted_scans(new)
+        if not any(not r.rejected for r in lifted):
+            return new, recurrences + lifted
+        new, lifted = _fuse(new, lifted)
+        return new, recurrences + lifted
+
+
+def find_lifted_scans(mod):
+    """Matrix-state scans in whole-sequence form (``matrix_lifted.py``: ONNX ``Scan`` bodies,
+    the torch ``scan`` op, chains the per-step matcher did not read), as recurrences of form
+    ``"matrix"`` carrying their match (affine scans that are not one stay as they are)."""
+    found = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for var, match in find_lifted(func):
+            if isinstance(match, LiftedMatch):
+                spec = match.spec
+                found.append(Recurrence(gvar.name_hint, "matrix", spec.length, 2, spec.reverse,
+                                        spec.state_shape, spec.dtype, (var.name,), lifted=match))
+    return found
 
 
 def _fuse(mod, recurrences):
@@ -280,6 +302,9 @@ class _Rewriter(relax.PyExprMutator):
             self._emit(plan)
         elif plan is not None and plan.form == "selective":
             self._emit_selective(plan)
+        elif plan is not None and plan.form == "matrix" and plan.lifted is not None:
+            for old, new in emit_lifted(self.builder_, plan.lifted, self.visit_expr):
+                self._replace(old, new)
         elif plan is not None and plan.form == "matrix":
             self._emit_matrix(plan)
         elif plan is not None:                              # cumsum / cumprod
@@ -396,6 +421,9 @@ def rewrite(mod, recurrences):
     plans = {}
     for recs in by_function.values():
         for rec in recs:
+            if rec.form == "matrix" and rec.lifted is not None:
+                plans[rec.lifted.scan] = rec         # at the whole-sequence scan it replaces
+                continue
             if rec.form == "matrix":            # at the first step, like an affine chain
                 plans[rec.states[len(rec.states) - len(rec.bindings)]] = rec
                 continue

@@ -75,12 +75,31 @@ def match_matrix(rec, value_of, users):
     if isinstance(readout, str):
         return readout
     output, out_axes, key, q, consumed, readout_vars, readout_labels = readout
-    lanes_and_v = [d for d in labels if d != key]
-    value_dim, lanes = lanes_and_v[-1], lanes_and_v[:-1]
+    found = input_and_decay(rec.b, rec.a, shape, rec.dtype, key, labels, value_of, rng)
+    if isinstance(found, str):
+        return found
+    roles, k, others, decay = found
+    stray = [s for s in rec.states[:-1] if any(u not in rec.internal and u not in consumed
+                                                for u in users.get(s, []))]
+    if stray:
+        return f"state {stray[0].name} is used outside the readout"
+    last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
+    spec = _spec(rec, roles, q, k, others, decay, last_users)
+    return MatrixMatch(spec, roles, q, k, others, decay, output, out_axes, consumed, last_users,
+                       readout_vars, readout_labels)
+
+
+def input_and_decay(b, a, shape, dtype, key, labels, value_of, rng, lanes_from=None):
+    """``(roles, k Factor, other factors, decay Factor or None)`` of a step ``S = a*S + b``
+    over a state of ``shape`` whose readout contracts dim ``key``, or a reason.  The last
+    non-unit dim other than K is V, the rest are lanes (``lanes_from``: the dims that may
+    be lanes, default all)."""
+    rest = [d for d in labels if d != key and (lanes_from is None or d in lanes_from)]
+    value_dim, lanes = rest[-1], rest[:-1]
     if len(lanes) > 2:
         return f"the state has {len(lanes)} lane dims besides K and V (at most 2: batch, head)"
     roles = {"K": key, "V": value_dim, **dict(zip(("B", "H"), lanes))}
-    product = _product(rec, value_of, labels, rng)
+    product = _product(b, shape, dtype, value_of, labels, rng)
     if isinstance(product, str):
         return product
     keyed = [f for f in product if key in f.labels]
@@ -89,17 +108,10 @@ def match_matrix(rec, value_of, users):
     others = [f for f in product if f is not keyed[0]]
     if not any(value_dim in f.labels for f in others):
         return "b_t has no factor over the value dim"
-    decay = _decay(rec, roles)
+    decay = _decay(a, shape, roles)
     if isinstance(decay, str):
         return decay
-    stray = [s for s in rec.states[:-1] if any(u not in rec.internal and u not in consumed
-                                                for u in users.get(s, []))]
-    if stray:
-        return f"state {stray[0].name} is used outside the readout"
-    last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
-    spec = _spec(rec, roles, q, keyed[0], others, decay, last_users)
-    return MatrixMatch(spec, roles, q, keyed[0], others, decay, output, out_axes, consumed, last_users,
-                       readout_vars, readout_labels)
+    return roles, keyed[0], others, decay
 
 
 # -- the readout ---------------------------------------------------------------------------------
@@ -378,17 +390,16 @@ def _contraction(value_of, field, piece, state_shape, labels, rng):
 
 
 # -- the input and the decay ---------------------------------------------------------------------
-def _product(rec, value_of, labels, rng):
-    """``b_t``'s factors (``Factor``s), checked: ``b_t`` equals their product on random values."""
-    leaves = _product_leaves(value_of, rec.b)
+def _product(b, shape, dtype, value_of, labels, rng):
+    """``b``'s factors (``Factor``s), checked: ``b`` equals their product on random values."""
+    leaves = _product_leaves(value_of, b)
     tensors = [x for x in leaves if not (isinstance(x, tvm.ir.GenericConst) and x.value.numpy().size == 1)]
     if len(tensors) < 2:
         return "b_t is not a product of per-step factors"
     values = {x: rng.uniform(0.5, 1.5, tensor_shape(x)) for x in tensors}
-    got = _evaluate(value_of, rec.b, values)
+    got = _evaluate(value_of, b, values)
     if got is None:
         return "b_t could not be evaluated on random factors"
-    shape = rec.state_shape
     got = np.broadcast_to(got, shape) if _broadcasts(got.shape, shape) else None
     if got is None:
         return "b_t does not broadcast to the state"
@@ -403,7 +414,7 @@ def _product(rec, value_of, labels, rng):
         want = scalar * _spread([_squeezed(values[x]) for x in tensors], choice, shape)
         if np.allclose(want, got, rtol=1e-6, atol=1e-9):
             return [Factor(x, ls) for x, ls in zip(tensors, choice)] + \
-                ([Factor(relax.const(scalar, rec.dtype), ())] if scalar != 1.0 else [])
+                ([Factor(relax.const(scalar, dtype), ())] if scalar != 1.0 else [])
     return "b_t is not a product of factors along the state's dims"
 
 
@@ -446,19 +457,23 @@ def _outer_matmul(call):
     return x is not None and y is not None and len(x) >= 2 and len(y) >= 2 and x[-1] == 1 and y[-2] == 1
 
 
-def _decay(rec, roles):
+def _decay(a, state_shape, roles):
     """``a_t`` as a Factor (None when it is 1), or why it is not a decay over the lanes
     and at most one of K, V."""
-    if rec.a is None or rec.a is ONE:
+    if a is None or a is ONE or _all_ones(a):
         return None
-    shape = tensor_shape(rec.a)
-    if shape is None or not _broadcasts(shape, rec.state_shape):
+    shape = tensor_shape(a)
+    if shape is None or not _broadcasts(shape, state_shape):
         return "a_t does not broadcast to the state"
-    offset = len(rec.state_shape) - len(shape)
+    offset = len(state_shape) - len(shape)
     labels = tuple(offset + i for i, n in enumerate(shape) if n != 1)
     if roles["K"] in labels and roles["V"] in labels:
         return "the decay a_t varies over both state dims (K and V): not a gate of one of them"
-    return Factor(rec.a, labels)
+    return Factor(a, labels)
+
+
+def _all_ones(x):
+    return isinstance(x, tvm.ir.GenericConst) and bool(np.all(x.value.numpy() == 1))
 
 
 def _spec(rec, roles, q, k, v, decay, last_users):

@@ -13,19 +13,22 @@ from .steps import tensor_dtype, tensor_shape
 _LANES = ("B", "H")
 
 
-def matrix_operand(bb, lifter, factor, roles, inner, shape=None, dtype=None, canonical=None):
-    """A scan operand: ``factor`` lifted to the whole sequence (or the ``canonical`` tensor
-    given) in (B, H, L, inner) layout, broadcast to ``shape`` and cast to ``dtype`` if needed."""
-    if canonical is None:
-        canonical = _canonical(bb, *lifter.lift(factor.expr), factor.labels, roles, inner)
-    if shape is not None and tensor_shape(canonical) != tuple(shape):
-        canonical = bb.emit(relax.op.broadcast_to(canonical, shape))
-    if dtype is not None and tensor_dtype(canonical) != dtype:
-        canonical = bb.emit(relax.op.astype(canonical, dtype))
-    return canonical
+def matrix_operand(bb, lifter, factor, roles, inner, shape=None, dtype=None, whole=None):
+    """A scan operand: ``factor`` lifted to the whole sequence (or the ``whole`` tensor given,
+    already in the scan's layout) in (B, H, L, inner) layout, broadcast to ``shape`` and cast
+    to ``dtype`` if needed."""
+    if whole is None:
+        whole = canonical(bb, *lifter.lift(factor.expr), factor.labels, roles, inner)
+    if shape is not None and tensor_shape(whole) != tuple(shape):
+        whole = bb.emit(relax.op.broadcast_to(whole, shape))
+    if dtype is not None and tensor_dtype(whole) != dtype:
+        whole = bb.emit(relax.op.astype(whole, dtype))
+    return whole
 
 
-def _canonical(bb, e, tax, labels, roles, inner):
+def canonical(bb, e, tax, labels, roles, inner):
+    """``e`` (time on ``tax``, or on the dim ``roles["L"]`` names when ``tax`` is None) in
+    (B, H, L, inner) layout; ``labels``: the state dim of each non-unit non-time axis."""
     shape = tensor_shape(e)
     axes = [i for i, n in enumerate(shape) if i != tax and n != 1]
     if len(axes) != len(labels):
@@ -33,9 +36,9 @@ def _canonical(bb, e, tax, labels, roles, inner):
     axis_of = dict(zip(labels, axes))
     perm, out = [], []
     for role in _LANES + ("L", inner):
-        if role == "L":
-            axis = tax
-        else:
+        if role == "L" and tax is not None:
+            axis = tax                              # a lifted per-step value
+        else:                                       # (a whole-sequence one has L among its labels)
             axis = axis_of.get(roles.get(role)) if role else None
         if axis is None:
             out.append(1)
