@@ -23,8 +23,8 @@ from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
 from .matrix import MatrixMatch, match_matrix
 from .matrix_lifted import LiftedMatch, emit_lifted, find_lifted
-from .matrix_layout import (matrix_operand, readouts_from_scan, scan_to_stack, state_from_scan,
-                            state_to_scan)
+from .matrix_layout import (epilogue_stack, matrix_operand, readouts_from_scan, scan_to_stack,
+                            state_from_scan, state_to_scan)
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 from .validate import validate
@@ -285,6 +285,13 @@ def gathered(bb, states, axis, rank, cat_axis, expand, increasing, shape):
     return states
 
 
+class _Epilogue:
+    """Where a matrix scan's lifted epilogue replaces the stacked pieces (``rec.matrix.output``)."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod, plans):
@@ -293,12 +300,18 @@ class _Rewriter(relax.PyExprMutator):
         self.dropped = set()
         self.replaced = {}              # id(recurrence) -> [(old var, new expr)]
         self._current = None
+        self._pending = {}              # id(recurrence) -> (lifter, scan output) until its stack
 
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
         if plan is not None:
             self._current = self.replaced.setdefault(id(getattr(plan, "rec", plan)), [])
-        if isinstance(plan, _Plan):
+        if isinstance(plan, _Epilogue):
+            # E(readout_t, x_t) lifted at the stack, where all it reads is bound (an invariant
+            # such as D[:, None] may be bound inside the first step, after the scan)
+            lifter, out = self._pending.pop(id(plan.rec))
+            self._replace(binding.var, epilogue_stack(self.builder_, lifter, out, plan.rec.matrix))
+        elif isinstance(plan, _Plan):
             self._emit(plan)
         elif plan is not None and plan.form == "selective":
             self._emit_selective(plan)
@@ -385,7 +398,9 @@ class _Rewriter(relax.PyExprMutator):
             args.append(state_to_scan(bb, self.visit_expr(rec.initial), match.roles, spec))
         scan = bb.emit(make_scan(spec, args), "matrix_scan")
         out = bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan
-        if match.output is not None:
+        if match.epilogue is not None:         # pieces E(readout_t, x_t): lifted where stacked
+            self._pending[id(rec)] = (lifter, out)
+        elif match.output is not None:
             self._replace(match.output, scan_to_stack(bb, out, match, tensor_shape(match.output),
                                                       tensor_dtype(match.output)))
         else:                                   # pieces compute more from each readout
@@ -426,6 +441,8 @@ def rewrite(mod, recurrences):
                 continue
             if rec.form == "matrix":            # at the first step, like an affine chain
                 plans[rec.states[len(rec.states) - len(rec.bindings)]] = rec
+                if rec.matrix.epilogue is not None:
+                    plans[rec.matrix.output] = _Epilogue(rec)
                 continue
             if rec.form != "affine":            # selective, cumsum, cumprod: emitted from rec
                 plans[rec.selective.emit_at if rec.form == "selective" else rec.states[0]] = rec

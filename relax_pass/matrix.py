@@ -61,6 +61,8 @@ class MatrixMatch:
     last_users: bool        # the final state is used elsewhere (return it too)
     readout_vars: list      # (each step's q_t^T S_t, its time index), in time order
     readout_labels: tuple   # for each non-unit axis of one readout: a state dim
+    epilogue: tuple = None  # (first piece, stack axis) when each piece computes more from its
+    #                         readout (a skip term, a gate): lifted, it replaces ``output``
 
 
 def match_matrix(rec, value_of, users):
@@ -74,7 +76,7 @@ def match_matrix(rec, value_of, users):
     readout = _readouts(rec, value_of, users, labels, rng)
     if isinstance(readout, str):
         return readout
-    output, out_axes, key, q, consumed, readout_vars, readout_labels = readout
+    output, out_axes, key, q, consumed, readout_vars, readout_labels, epilogue = readout
     found = input_and_decay(rec.b, rec.a, shape, rec.dtype, key, labels, value_of, rng)
     if isinstance(found, str):
         return found
@@ -86,7 +88,7 @@ def match_matrix(rec, value_of, users):
     last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
     spec = _spec(rec, roles, q, k, others, decay, last_users)
     return MatrixMatch(spec, roles, q, k, others, decay, output, out_axes, consumed, last_users,
-                       readout_vars, readout_labels)
+                       readout_vars, readout_labels, epilogue)
 
 
 def input_and_decay(b, a, shape, dtype, key, labels, value_of, rng, lanes_from=None):
@@ -154,36 +156,76 @@ def _readouts(rec, value_of, users, labels, rng):
             continue
         consumed = set().union(*(p.region for p in pieces))
         readouts = [(p.readout, t) for p, t in zip(pieces, times)]
-        stacked = stack(pieces) if all(p.readout.same_as(f) for p, f in zip(pieces, fields)) else None
-        out_labels = None
-        var = None
+        pure = all(p.readout.same_as(f) for p, f in zip(pieces, fields))
+        stacked = stack(fields) if pure or _same_epilogues(rec.analysis, value_of, fields, pieces, times) else None
+        out_labels, var, epilogue = None, None, None
         if stacked is not None:
             var, time_axis, region = stacked
             out_labels = list(r_labels)
             out_labels.insert(_non_unit_rank(tensor_shape(var)[:time_axis]), "L")
             out_labels = tuple(out_labels)
             consumed |= set(fields) | region
-        return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels
+            epilogue = None if pure else (fields[0], time_axis)
+        return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels, epilogue
     return why
+
+
+def _same_epilogues(an, value_of, fields, pieces, times):
+    """Each piece computes the same thing from its readout (``field = E(readout, x_t)``), one
+    step apart: the ops between readout and field agree, and what else they read has equal
+    templates at the piece's own step (or none): so ``E`` lifts to the whole sequence."""
+    shapes = []
+    for f, p, t in zip(fields, pieces, times):
+        ops, others, reach = [], [], VarMap()
+
+        def reaches(v, p=p, reach=reach):
+            if v.same_as(p.readout):
+                return True
+            if not isinstance(v, relax.Var) or v not in value_of:
+                return False
+            if v not in reach:
+                reach[v] = False
+                reach[v] = any([reaches(a) for a in operands_of(value_of[v])])
+            return reach[v]
+
+        stack, seen = [f], set()
+        while stack:
+            v = stack.pop()
+            if v.same_as(p.readout) or v in seen:
+                continue
+            seen.add(v)
+            ops.append(op_name(value_of[v]))
+            for a in operands_of(value_of[v]):
+                if reaches(a):
+                    stack.append(a)
+                else:
+                    tpl = an.template(a)
+                    if tpl.index not in (None, t):
+                        return False
+                    others.append(tpl.key)
+        if len(seen) > READOUT_BUDGET:
+            return False
+        shapes.append((tuple(ops), tuple(others)))
+    return len(set(shapes)) == 1
 
 
 def _stack_sources(value_of, users, rec):
     """``(var, fields, stack)`` for each way the graph gathers per-step values: a ``concat``
     (``torch.stack``/``cat`` of a list), or a chain of in-place writes ``o[:, :, t] = x_t``
     (exported as one ``where(arange == t, x_t, o)`` per step over the whole buffer).
-    ``stack(pieces)`` gives ``(stacked var, time axis, bindings it replaces)`` when the
-    gathered values are exactly the pieces' readouts stacked in time, else None."""
+    ``stack(values)`` gives ``(stacked var, time axis, bindings it replaces)`` when the
+    gathered values are exactly ``values`` stacked in time, else None."""
     for cat, call in value_of.items():
         if op_name(call) == "relax.concat" and isinstance(call.args[0], relax.Tuple):
             fields = list(call.args[0].fields)
 
-            def stack(_pieces, cat=cat, fields=fields):
+            def stack(_values, cat=cat, fields=fields):
                 found = _stack(value_of, users, cat, fields, rec.length)
                 return None if found is None else (*found, {cat, found[0]})
             yield cat, fields, stack
     for last, chain in _write_chains(value_of, users, rec.length):
         fields = [_written_value(value_of, value_of[w].args[1]) for w in chain]
-        yield last, fields, lambda pieces, last=last, chain=chain: _written(value_of, last, chain, pieces)
+        yield last, fields, lambda values, last=last, chain=chain: _written(value_of, last, chain, values)
 
 
 def _write_chains(value_of, users, length):
@@ -212,13 +254,13 @@ def _written_value(value_of, x):
     return x
 
 
-def _written(value_of, last, chain, pieces):
-    """``(last, axis, bindings)`` when the writes leave the pieces' readouts stacked along
-    ``axis`` in time order, every slot written (checked on random readouts and a random
+def _written(value_of, last, chain, written):
+    """``(last, axis, bindings)`` when the writes leave the ``written`` values stacked along
+    ``axis`` in time order, every slot written (checked on random values and a random
     initial buffer), else None."""
     rng = np.random.default_rng(13)
     shape = tensor_shape(last)
-    env = {p.readout: rng.standard_normal(tensor_shape(p.readout)) for p in pieces}
+    env = VarMap((x, rng.standard_normal(tensor_shape(x))) for x in written)
     first_buffer = value_of[chain[0]].args[2]
     interp = Interpreter(value_of, missing=lambda var: rng.standard_normal(tensor_shape(var) or ()))
     interp.memo.update(env)
@@ -228,7 +270,7 @@ def _written(value_of, last, chain, pieces):
         got = interp(last)
     except (Unsupported, ValueError, TypeError, IndexError, KeyError):
         return None
-    values = [env[p.readout] for p in pieces]
+    values = [env[x] for x in written]
     for axis, n in enumerate(shape):
         if n == len(values) and all(np.take(got, t, axis=axis).size == v.size and
                                     np.array_equal(np.take(got, t, axis=axis).reshape(v.shape), v)

@@ -94,10 +94,9 @@ def scan_to_stack(bb, o, match, out_shape, out_dtype):
     return o
 
 
-def readouts_from_scan(bb, o, match, positions):
-    """Each step's readout ``q_t^T S_t`` (in its own layout) read from the scan's o, for pieces
-    that compute more from it: time first, then one ``take`` per step (``positions``: each
-    readout's step within the scan)."""
+def readouts_whole(bb, o, match):
+    """Every step's readout ``q_t^T S_t`` read from the scan's o, time first, each in the
+    layout (and dtype) of the step's own readout."""
     roles, piece = match.roles, match.readout_vars[0][0]
     present = [roles[r] for r in _LANES if r in roles] + ["L", roles["V"]]
     labels = ("L",) + tuple(match.readout_labels)
@@ -107,11 +106,34 @@ def readouts_from_scan(bb, o, match, positions):
     perm = [present.index(label) for label in labels]
     if perm != list(range(len(perm))):
         o = bb.emit(relax.op.permute_dims(o, perm))
-    shape = tensor_shape(piece)
-    o = _reshaped(bb, o, (tensor_shape(o)[0],) + tuple(shape))
+    o = _reshaped(bb, o, (tensor_shape(o)[0],) + tuple(tensor_shape(piece)))
     if tensor_dtype(o) != tensor_dtype(piece):
         o = bb.emit(relax.op.astype(o, tensor_dtype(piece)))
+    return o
+
+
+def readouts_from_scan(bb, o, match, positions):
+    """Each step's readout, one ``take`` of ``readouts_whole`` per step (``positions``: each
+    readout's step within the scan), for pieces whose further use is not lifted."""
+    o = readouts_whole(bb, o, match)
     return [bb.emit(relax.op.take(o, relax.const(t, "int64"), axis=0)) for t in positions]
+
+
+def epilogue_stack(bb, lifter, o, match):
+    """The stacked pieces ``E(readout_t, x_t)`` on the whole sequence: ``E`` lifted with the
+    scan's readouts standing for every step's, time moved to the stack's axis."""
+    field, axis = match.epilogue
+    lifter.memo[match.readout_vars[0][0]] = (readouts_whole(bb, o, match), 0)
+    e, tax = lifter.lift(field)
+    rank = len(tensor_shape(e))
+    perm = [i for i in range(rank) if i != tax]
+    perm.insert(axis, tax)
+    if perm != list(range(rank)):
+        e = bb.emit(relax.op.permute_dims(e, perm))
+    out_shape = tensor_shape(match.output)
+    if tensor_shape(e) != tuple(out_shape):
+        e = bb.emit(relax.op.reshape(e, out_shape))
+    return e
 
 
 def _reshaped(bb, x, shape):
