@@ -6,7 +6,7 @@ written once.
 """
 import dataclasses
 
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, is_symbolic
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, is_symbolic
 
 
 def mlir_spec(spec):
@@ -17,6 +17,10 @@ def mlir_spec(spec):
         return ValueError(f"mlir realization: symbolic {field} is not supported yet; "
                           "use realization='tir'")
 
+    if isinstance(spec, MatrixScanSpec):
+        raise ValueError("mlir realization: matrix-state scans (MatrixScanSpec: gated linear "
+                         "attention, retention, linear attention, Mamba-2) are not there yet; "
+                         "use realization='tir'")
     if isinstance(spec, SelectiveScanSpec):
         for field in ("batch", "length"):
             if is_symbolic(getattr(spec, field)):

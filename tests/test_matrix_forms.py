@@ -1,0 +1,280 @@
+"""Matrix-state recurrences as people write them: each loop must be found as ONE matrix scan,
+validated, leave no tensor of the state sequence's size in the fused module, and compile to
+what PyTorch computes.  Near misses stay as they were, with a reason."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import scanweaver_tvm as sw
+from relax_pass.fuse import fuse
+from scanweaver_tvm.matrix_models import BLOCKS, example_input, init_weights
+
+from harness import assert_outputs_match, run_model, torch_outputs
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def gla_index_none(q, k, v, gk):
+    """fla-style naive GLA: ``[..., None]`` outer product and mul + sum readout, stack dim=2."""
+    b, h, l, dk = q.shape
+    state = torch.zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for t in range(l):
+        state = state * torch.exp(gk[:, :, t])[..., None] + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((q[:, :, t, :, None] * state).sum(-2))
+    return torch.stack(outs, dim=2)
+
+
+def gla_einsum_negative_dims(q, k, v, gk):
+    """einsum outer product and readout, decay through ``unsqueeze(-1)``, stack at dim=-2."""
+    state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[-2]):
+        state = gk[:, :, t].exp().unsqueeze(-1) * state + torch.einsum("bhk,bhv->bhkv", k[:, :, t], v[:, :, t])
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=-2)
+
+
+def gla_inplace_float(q, k, v, gk, h0):
+    """fla-style: (B, L, H, .) inputs transposed and ``.float()``ed, a float32 state from h0,
+    ``o[:, :, i] = ...`` in place, ``.to(dtype)`` out, the final state returned."""
+    dtype = q.dtype
+    q, k, v, gk = (x.transpose(1, 2).float() for x in (q, k, v, gk))
+    b, h, l, dk = q.shape
+    o = torch.zeros_like(v)
+    state = q.new_zeros(b, h, dk, v.shape[-1], dtype=torch.float32)
+    state += h0.float()
+    for i in range(l):
+        kv = k[:, :, i][..., None] * v[:, :, i][..., None, :]
+        state = state * gk[:, :, i].exp()[..., None] + kv
+        o[:, :, i] = (q[:, :, i][..., None] * dk ** -0.5 * state).sum(-2)
+    return o.transpose(1, 2).to(dtype), state
+
+
+def retention_matmul(q, k, v, gamma):
+    """Outer product and readout by ``matmul``, a fixed decay per head, pieces cat along time."""
+    state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        state = gamma[:, None, None] * state + k[:, :, t].unsqueeze(-1) @ v[:, :, t].unsqueeze(-2)
+        outs.append(q[:, :, t].unsqueeze(-2) @ state)
+    return torch.cat(outs, dim=2)
+
+
+def linear_attention_unbind(q, k, v):
+    """No decay, ``unbind`` loop over (B, L, H, .) tensors, a feature map per step, keyword dim."""
+    state = torch.zeros(q.shape[0], q.shape[2], q.shape[-1], v.shape[-1])
+    outs = []
+    for q_t, k_t, v_t in zip(q.unbind(dim=1), k.unbind(dim=1), v.unbind(dim=1)):
+        state = state + torch.einsum("bhk,bhv->bhkv", F.elu(k_t) + 1, v_t)
+        outs.append(torch.einsum("bhk,bhkv->bhv", F.elu(q_t) + 1, state))
+    return torch.stack(outs, dim=1)
+
+
+def reversed_with_state(q, k, v, g, h0):
+    """Backwards in time from h0, a scalar decay per step, outputs reversed back; final state."""
+    state = h0
+    outs = []
+    for t in reversed(range(q.shape[2])):
+        state = g[:, :, t, None, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((q[:, :, t, :, None] * state).sum(-2))
+    return torch.stack(outs[::-1], dim=2), state
+
+
+def value_decay(q, k, v, gv):
+    """The decay runs over the value dim: ``S * exp(gv_t)[..., None, :]``."""
+    state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        state = state * gv[:, :, t].exp()[..., None, :] + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((q[:, :, t, :, None] * state).sum(-2))
+    return torch.stack(outs, dim=2)
+
+
+def readout_over_value(q, k, v):
+    """The readout contracts the state's LAST dim: ``S @ r_t`` gives a key-sized output."""
+    state = torch.zeros(q.shape[0], q.shape[1], k.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        state = 0.9 * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append((state @ q[:, :, t, :, None]).squeeze(-1))
+    return torch.stack(outs, dim=2)
+
+
+def single_sequence_outer(q, k, v):
+    """One (K, V) state, no batch or head: ``torch.outer`` and a vector-matrix readout."""
+    state = torch.zeros(k.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(q.shape[0]):
+        state = 0.95 * state + torch.outer(k[t], v[t])
+        outs.append(q[t] @ state)
+    return torch.stack(outs)
+
+
+def mamba2_per_step_skip(x, dt, A, B, C, D):
+    """Mamba-2's recurrence over (P, N) per head: a scalar decay per (batch, head, step), B and C
+    shared by the heads, the D skip added per step, (B, L, H, P) stacked at dim 1."""
+    b, l, h, p = x.shape
+    state = torch.zeros(b, h, p, B.shape[-1])
+    ys = []
+    for t in range(l):
+        drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, None, None, :]
+        state = state * torch.exp(dt[:, t] * A)[..., None, None] + drive
+        ys.append((state * C[:, t, None, None, :]).sum(-1) + D[:, None] * x[:, t])
+    return torch.stack(ys, dim=1), state
+
+
+def _bhlk(*shape_last, seed=0, b=2, h=3, length=7):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, length, n, generator=gen) for n in shape_last]
+
+
+def _gate(shape, seed=1):
+    return -torch.rand(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _case(name):
+    b, h, l, dk, dv = 2, 3, 7, 4, 5
+    q, k, v = _bhlk(dk, dk, dv, length=l)
+    blhk = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    cases = {
+        "gla_index_none": (gla_index_none, (q, k, v, _gate((b, h, l, dk)))),
+        "gla_einsum_negative_dims": (gla_einsum_negative_dims, (q, k, v, _gate((b, h, l, dk)))),
+        "gla_inplace_float": (gla_inplace_float, (*blhk, _gate((b, l, h, dk)), torch.randn(b, h, dk, dv))),
+        "retention_matmul": (retention_matmul, (q, k, v, torch.rand(h))),
+        "linear_attention_unbind": (linear_attention_unbind, tuple(blhk)),
+        "reversed_with_state": (reversed_with_state, (q, k, v, torch.rand(b, h, l), torch.randn(b, h, dk, dv))),
+        "value_decay": (value_decay, (q, k, v, _gate((b, h, l, dv)))),
+        "readout_over_value": (readout_over_value, (_bhlk(dv)[0], k, v)),
+        "single_sequence_outer": (single_sequence_outer, (q[0, 0], k[0, 0], v[0, 0])),
+        "mamba2_per_step_skip": (mamba2_per_step_skip, (blhk[2], torch.rand(b, l, h), -torch.rand(h),
+                                                        torch.randn(b, l, dk), torch.randn(b, l, dk),
+                                                        torch.randn(h))),
+    }
+    return cases[name]
+
+
+FORMS = ["gla_index_none", "gla_einsum_negative_dims", "gla_inplace_float", "retention_matmul",
+         "linear_attention_unbind", "reversed_with_state", "value_decay", "readout_over_value",
+         "single_sequence_outer", "mamba2_per_step_skip"]
+
+
+def _largest_tensor(mod):
+    """Elements of the largest tensor any binding of ``main`` holds."""
+    largest = 0
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            for ty in _tensor_types(binding.var.ty):
+                largest = max(largest, int(np.prod([int(d) for d in ty.shape])))
+    return largest
+
+
+def _tensor_types(ty):
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in _tensor_types(f)]
+    return [ty] if isinstance(ty, relax.TensorType) and ty.shape is not None else []
+
+
+def _state_sequence_size(mod):
+    """Elements of the state sequence a naive lifting would build, for the one matrix scan."""
+    (rec,) = [r for r in fuse(mod)[1] if r.form == "matrix"]
+    return int(np.prod(rec.state_shape)) * rec.length
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_form_is_one_matrix_scan_equal_to_pytorch(form):
+    fn, args = _case(form)
+    model = Fn(fn)
+    mod = sw.from_torch(model, args)
+    fused, recs = fuse(mod)
+    matrix = [r for r in recs if r.form == "matrix" and not r.rejected]
+    assert len(matrix) == 1, [(r, r.matrix_miss) for r in recs]
+    assert _largest_tensor(fused) < _state_sequence_size(mod)
+    assert "scanweaver.matrix_scan" in fused["main"].script()
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_block_is_one_matrix_scan_equal_to_pytorch(name):
+    model = init_weights(BLOCKS[name]()).eval()
+    x = example_input(length=33)
+    mod = sw.from_torch(model, (x,))
+    fused, recs = fuse(mod)
+    matrix = [r for r in recs if r.form == "matrix"]
+    assert len(matrix) == 1 and not matrix[0].rejected
+    assert _largest_tensor(fused) < _state_sequence_size(mod)
+    assert_outputs_match(run_model(mod, (x,)), torch_outputs(model, (x,)), rtol=1e-4)
+
+
+def test_nonlinear_state_is_left_with_its_reason():
+    def tanh_state(q, k, v):
+        state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+        outs = []
+        for t in range(q.shape[2]):
+            state = torch.tanh(0.9 * state + k[:, :, t, :, None] * v[:, :, t, None, :])
+            outs.append((q[:, :, t, :, None] * state).sum(-2))
+        return torch.stack(outs, dim=2)
+
+    q, k, v = _bhlk(4, 4, 5)
+    mod = sw.from_torch(Fn(tanh_state), (q, k, v))
+    fused, recs = fuse(mod)
+    assert "scanweaver" not in fused["main"].script()
+    assert any(r.rejected and "tanh" in r.reason for r in recs)
+
+
+def test_max_stabilized_normalizer_is_left_with_its_reason():
+    """xLSTM's mLSTM: the stabilizer ``m = max(f + m, i)`` is a max-plus recurrence and the
+    state's decay ``exp(f + m_prev - m)`` reads it: not one affine recurrence of the state."""
+    def mlstm(q, k, v, i_gate, f_gate):
+        b, h, l, dk = q.shape
+        state = torch.zeros(b, h, dk, v.shape[-1])
+        m = torch.zeros(b, h)
+        outs = []
+        for t in range(l):
+            f = F.logsigmoid(f_gate[:, :, t])
+            m_new = torch.maximum(f + m, i_gate[:, :, t])
+            decay = torch.exp(f + m - m_new)[..., None, None]
+            state = decay * state + torch.exp(i_gate[:, :, t] - m_new)[..., None, None] * (
+                k[:, :, t, :, None] * v[:, :, t, None, :])
+            m = m_new
+            outs.append((q[:, :, t, :, None] * state).sum(-2))
+        return torch.stack(outs, dim=2)
+
+    q, k, v = _bhlk(4, 4, 5)
+    gates = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    model = Fn(mlstm)
+    mod = sw.from_torch(model, (q, k, v, *gates))
+    fused, recs = fuse(mod)
+    assert "scanweaver.matrix_scan" not in fused["main"].script()
+    assert any(r.rejected and "max-plus" in r.reason for r in recs), recs
+    assert_outputs_match(run_model(mod, (q, k, v, *gates)), torch_outputs(model, (q, k, v, *gates)))
+
+
+def test_readout_before_the_update_is_not_a_matrix_scan():
+    """``o_t = q_t S_{t-1}`` (the state before this step's update) is a different layer: the
+    matcher says so and the chain stays an affine scan, still equal to PyTorch."""
+    def read_then_write(q, k, v):
+        state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+        outs = []
+        for t in range(q.shape[2]):
+            outs.append((q[:, :, t, :, None] * state).sum(-2))
+            state = 0.9 * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        return torch.stack(outs, dim=2)
+
+    q, k, v = _bhlk(4, 4, 5)
+    model = Fn(read_then_write)
+    mod = sw.from_torch(model, (q, k, v))
+    recs = fuse(mod)[1]
+    assert not any(r.form == "matrix" for r in recs)
+    assert_outputs_match(run_model(mod, (q, k, v)), torch_outputs(model, (q, k, v)))
