@@ -13,7 +13,7 @@ from tvm import relax
 import tir_schedules
 from tir_schedules import search
 
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
 
 COST_MODELS = ("xgb", "world", "random")
 
@@ -67,7 +67,7 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when given),
     ``"random"``, or a ``tvm.s_tir.meta_schedule.cost_model.CostModel``.  ``"llvm"`` means this
     CPU (candidates are timed here); a CUDA target needs a GPU on this machine."""
-    if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec)):
+    if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec, MatrixScanSpec)):
         specs = [mod_or_spec]
     elif isinstance(mod_or_spec, tvm.IRModule):
         specs = scan_specs(mod_or_spec)

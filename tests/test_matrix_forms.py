@@ -278,3 +278,57 @@ def test_readout_before_the_update_is_not_a_matrix_scan():
     recs = fuse(mod)[1]
     assert not any(r.form == "matrix" for r in recs)
     assert_outputs_match(run_model(mod, (q, k, v)), torch_outputs(model, (q, k, v)))
+
+
+def _numpy(x):
+    """A torch tensor as numpy (bf16 through ml_dtypes, which numpy lacks)."""
+    import ml_dtypes
+
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
+
+
+def _run(mod, args):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(_numpy(a)) for a in args])
+    return [o.numpy().astype(np.float64) for o in (out if not hasattr(out, "numpy") else [out])]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_with_a_float32_state(dtype):
+    """bf16/fp16 activations, the state kept in float32 by the model (``.float()``), the output
+    cast back: the scan runs in float32 and the result is PyTorch's to the output's rounding."""
+    fn, args = _case("gla_inplace_float")
+    args = tuple(a.to(dtype) for a in args)
+    model = Fn(fn)
+    mod = sw.from_torch(model, args)
+    assert [(r.form, r.dtype) for r in fuse(mod)[1] if not r.rejected] == [("matrix", "float32")]
+    with torch.no_grad():
+        want = [o.double().numpy() for o in model(*args)]
+    for got, ref in zip(_run(mod, args), want):
+        assert np.abs(got - ref).max() <= 2e-2 * max(1.0, np.abs(ref).max())
+
+
+def test_half_state_accumulates_in_float32():
+    """A state kept in fp16 by the model: the scan keeps it in float32 (what the spec says) and
+    writes fp16; it agrees with a float64 run of the same loop to fp16 rounding."""
+    def half_state(q, k, v, gk):
+        state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], dtype=q.dtype)
+        outs = []
+        for t in range(q.shape[2]):
+            state = state * torch.exp(gk[:, :, t])[..., None] + k[:, :, t, :, None] * v[:, :, t, None, :]
+            outs.append((q[:, :, t, :, None] * state).sum(-2))
+        return torch.stack(outs, dim=2)
+
+    fn, args = half_state, _case("gla_index_none")[1]
+    half = tuple(a.half() for a in args)
+    mod = sw.from_torch(Fn(fn), half)
+    (rec,) = [r for r in fuse(mod)[1] if not r.rejected]
+    assert rec.form == "matrix" and rec.matrix.spec.dtype == "float16"
+    got = _run(mod, half)[0]
+    want = fn(*(a.double() for a in half)).numpy()
+    assert np.abs(got - want).max() <= 1e-2 * max(1.0, np.abs(want).max())

@@ -2,8 +2,9 @@
 
 The space covers every realization's knobs; sampled decisions give correct kernels (against
 the float64 reference, NaN-poisoned outputs) on the CPU and CUDA source with the sampled
-block size; a tiny real tuning run (random and XGBoost cost models) writes a MetaSchedule
-database whose best record ``sw.compile(..., database=db)`` uses, still correct."""
+block size, for the affine, selective and matrix forms; a tiny real tuning run (random and
+XGBoost cost models; a matrix spec too) writes a MetaSchedule database whose best record
+``sw.compile(..., database=db)`` uses, still correct."""
 import random
 
 import numpy as np
@@ -17,7 +18,11 @@ import scanweaver_tvm as sw
 import tir_schedules
 from harness import check_plain, plain_expected, plain_operands
 from scanweaver_core.scan_op import make_scan
+from scanweaver_core.reference import matrix_scan
+from scanweaver_core.spec import MatrixScanSpec
 from scanweaver_tvm import AffineScanSpec, SelectiveScanSpec
+from test_matrix_cpu import check as check_matrix
+from test_matrix_cpu import operands as matrix_operands
 from test_selective import check as check_selective
 from tir_schedules import search
 
@@ -26,6 +31,15 @@ AFFINE = AffineScanSpec.create((2, 5, 37), a_shape=(5, 1), axis=-1, reverse=True
                                outputs=("states", "last"))
 SELECTIVE = SelectiveScanSpec(1, 5, 37, 3, has_D=True, has_z=True, has_delta_bias=True,
                               delta_softplus=True, has_h0=True, return_last_state=True)
+MATRIX = MatrixScanSpec.create(2, 3, 37, 5, 7, decay="key", reverse=True, has_h0=True,
+                               q_shape=(1, 3, 37, 5), return_last_state=True)
+MATRIX_VALUE = MatrixScanSpec.create(2, 3, 37, 5, 7, decay="value", g_shape=(2, 1, 1, 7),
+                                     dtype="float16")
+SPECS = {"affine": AFFINE, "selective": SELECTIVE, "matrix": MATRIX}
+CHECKS = {"affine": check_plain, "selective": check_selective, "matrix": check_matrix}
+# the benchmark shapes (bench/matrix.py): GLA-like key decay, Mamba-2-like scalar decay
+BENCH = [MatrixScanSpec.create(1, 16, 2048, 64, 64, decay="key"),
+         MatrixScanSpec.create(1, 24, 2048, 128, 64, decay="scalar")]
 
 
 def sampled(spec, target, seed):
@@ -33,7 +47,9 @@ def sampled(spec, target, seed):
     rng = random.Random(seed)
     out = []
     for name in search.realizations(spec, target):
-        knobs = {k: rng.choice(v) for k, v in search.knob_values(name, spec).items()}
+        values, knobs = search.knob_values(name, spec), None
+        while knobs is None or not search.legal(name, spec, knobs):   # what RejectIllegal keeps
+            knobs = {k: rng.choice(v) for k, v in values.items()}
         out.append(search.sample(tvm.s_tir.Schedule(search.workload_module(spec)), name, spec, knobs).mod)
     return out
 
@@ -41,7 +57,7 @@ def sampled(spec, target, seed):
 @pytest.mark.parametrize("name", sorted(tir_schedules.REALIZATIONS))
 def test_space_covers_every_knob(name):
     module = tir_schedules.REALIZATIONS[name]
-    spec = AFFINE if module.FORM == "affine" else SELECTIVE
+    spec = SPECS[module.FORM]
     target = "llvm" if module.TARGET == "cpu" else CUDA
     values = search.knob_values(name, spec)
     default = module.default_config(spec)
@@ -57,24 +73,50 @@ def test_space_covers_every_knob(name):
     assert annotated == {"scanweaver.schedule"} | {f"scanweaver.{k}" for k in values}
 
 
-def test_workloads_are_correct_scans():
-    rng = np.random.default_rng(0)
-    check_plain(tvm.compile(search.workload_module(AFFINE), target="llvm").mod["main"], AFFINE, rng)
-    check_selective(tvm.compile(search.workload_module(SELECTIVE), target="llvm").mod["main"], SELECTIVE, rng)
-    assert search.workload_spec(search.workload_module(SELECTIVE)) == SELECTIVE
+@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE],
+                         ids=["affine", "selective", "matrix", "matrix_value"])
+def test_workloads_are_correct_scans(spec):
+    mod = search.workload_module(spec)
+    kernel = tvm.compile(mod, target="llvm").mod["main"]
+    CHECKS[search.form_of(spec)](kernel, spec, np.random.default_rng(0))
+    assert search.workload_spec(mod) == spec     # the JSON round trip (tuples come back)
+    realized = tir_schedules.realize(spec)     # the runner's arguments fit the kernel
+    assert [str(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])] == \
+        [str(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(realized)]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sampled_cpu_decisions_give_correct_kernels(seed):
     rng = np.random.default_rng(seed)
     host = tir_schedules.host_target()
-    for mod in sampled(AFFINE, "llvm", seed) + sampled(SELECTIVE, "llvm", seed):
-        choice = search.choice_of(mod)
-        kernel = search.build_candidate(mod, host)["main"]
-        if isinstance(choice.spec, AffineScanSpec):
-            check_plain(kernel, AFFINE, rng)
-        else:
-            check_selective(kernel, SELECTIVE, rng)
+    for spec in (AFFINE, SELECTIVE, MATRIX):
+        for mod in sampled(spec, "llvm", seed):
+            CHECKS[search.form_of(spec)](search.build_candidate(mod, host)["main"], spec, rng)
+
+
+@pytest.mark.parametrize("spec", BENCH + [MATRIX], ids=["gla", "mamba2", "small"])
+def test_matrix_spaces_leave_out_what_breaks_the_kernel(spec):
+    """Every GPU point fits 1024 threads and 48 KB of shared memory; a CPU point is never one
+    the kernel clamps into another; the defaults are points; ``RejectIllegal`` drops the rest."""
+    for name in ("matrix_cpu", "matrix_gpu"):
+        default = tir_schedules.REALIZATIONS[name].default_config(spec)
+        assert search.legal(name, spec, default)
+    values = search.knob_values("matrix_gpu", spec)
+    for v_tile in values["v_tile"]:
+        for col_threads in values["col_threads"]:
+            for t_tile in values["t_tile"]:
+                knobs = dict(v_tile=v_tile, col_threads=col_threads, t_tile=t_tile)
+                if search.legal("matrix_gpu", spec, knobs):
+                    assert v_tile * col_threads <= 1024
+                    assert tir_schedules.matrix_gpu.footprint(spec, v_tile, col_threads, t_tile)[1] <= 48 * 1024
+    cpu = {**tir_schedules.matrix_cpu.default_config(spec), "lanes": 8, "vtile": 4}
+    assert "multiple of lanes" in search.violation("matrix_cpu", spec, cpu)
+    biggest = {k: v[-1] for k, v in values.items()}    # 2048 threads for the benchmark shapes
+    for name, knobs, ok in [("matrix_gpu", biggest, spec not in BENCH),
+                            ("matrix_cpu", cpu, False),
+                            ("matrix_gpu", tir_schedules.matrix_gpu.default_config(spec), True)]:
+        sch = search.sample(tvm.s_tir.Schedule(search.workload_module(spec)), name, spec, knobs)
+        assert search.RejectIllegal().apply(sch) is ok
 
 
 def test_mutation_changes_exactly_one_knob():
@@ -100,12 +142,14 @@ def test_features_see_the_realized_kernel():
     assert a.shape[1] == b.shape[1] and (a.shape != b.shape or not np.allclose(a, b))
 
 
-@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE], ids=["affine", "selective"])
+@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, BENCH[1]],
+                         ids=["affine", "selective", "matrix", "matrix_mamba2"])
 def test_sampled_gpu_decisions_compile_to_cuda(spec):
     for mod in sampled(spec, CUDA, 5):
         choice = search.choice_of(mod)
         knobs = choice.knobs
-        threads = knobs.get("threads") or 32 * knobs["warps"]
+        threads = knobs["v_tile"] * knobs["col_threads"] if "v_tile" in knobs else \
+            knobs.get("threads") or 32 * knobs["warps"]
         source = tvm.compile(search.realize_module(mod, CUDA), target=tvm.target.Target(CUDA)).mod \
             .imports[0].inspect_source()
         assert f"__launch_bounds__({threads})" in source, f"{choice}: block size not in the kernel"
@@ -150,6 +194,34 @@ def test_tiny_tuning_run_feeds_compile(cost_model, tmp_path):
     vm = relax.VirtualMachine(sw.compile(mod, "llvm", database=db), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     np.testing.assert_allclose(got, plain_expected(spec, a, b, None)["states"], rtol=2e-5, atol=2e-5)
+
+
+def test_tiny_matrix_tuning_run_feeds_compile(tmp_path):
+    """A matrix spec tunes on the CPU (the XGBoost model on its realized features) and
+    ``LowerScans`` compiles the best record, still correct."""
+    spec = MatrixScanSpec.create(1, 2, 40, 8, 16, decay="key", return_last_state=True)
+    db = sw.tune(spec, "llvm", trials=4, work_dir=tmp_path, seed=1, progress=False)
+    records = db.get_all_tuning_records()
+    assert 2 <= len(records) <= 4
+    best = search.best_choice(db, spec, "llvm")
+    assert best is not None and best.schedule == "matrix_cpu"
+    assert search.default_choice(spec, "llvm") in [search.choice_of_trace(r.trace, spec) for r in records]
+    names = spec.operand_names()
+    params = [relax.Var(n, relax.TensorType(s, spec.dtype)) for n, s in spec.operand_shapes().items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(make_scan(spec, params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(_lowered_scan(mod, db).body, search.realize_choice(best).body,
+                                   map_free_vars=True)
+    x = matrix_operands(spec, np.random.default_rng(0))
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm", database=db), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(x[n]) for n in names])
+    want = matrix_scan(x["q"], x["k"], x["v"], x["g"], spec.decay, return_last_state=True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w, rtol=2e-5, atol=2e-5)
 
 
 def test_tune_rejects_bad_input(tmp_path):

@@ -9,10 +9,11 @@ import tvm
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, static_or
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
-from . import cpu, gpu_blelloch, gpu_chunked, gpu_warp, selective_cpu, selective_gpu
+from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, matrix_cpu, matrix_gpu, selective_cpu,
+               selective_gpu)
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
-                                    selective_cpu, selective_gpu)}
+                                    selective_cpu, selective_gpu, matrix_cpu, matrix_gpu)}
 
 
 def target_kind(target):

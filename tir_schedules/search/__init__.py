@@ -8,7 +8,9 @@ A scan spec becomes an ordinary MetaSchedule task:
 - space (``ScanSpace``, a ``PySpaceGenerator``): one design space per realization that applies
   to (spec, target); each knob is a ``sample_categorical`` over its legal values, recorded as
   ``sch.annotate(scan_block, "scanweaver.<knob>", decision)`` (``knob_values`` lists them);
-  ``MutateKnob`` re-samples one decision for the evolutionary search;
+  ``MutateKnob`` re-samples one decision for the evolutionary search; where knobs bind each
+  other (the matrix kernels) ``legal`` / ``violation`` say which combinations are points of
+  the space and the postprocessor ``RejectIllegal`` drops the others;
 - realization (``choice_of``, ``realize_choice``, ``realize_module``): annotated workload ->
   ``Choice(spec, schedule, config)`` -> the scheduled PrimFunc ``tir_schedules.realize`` would
   make with that config;
@@ -26,15 +28,15 @@ measured run times of the realized kernel, in ``work_dir/database_{workload,tuni
 from .builder import build_candidate, scan_builder
 from .features import RealizedFeatures
 from .mutate import MutateKnob
-from .realize import (Choice, best_choice, choice_of, choice_of_trace, default_choice, realize_choice,
-                      realize_module)
-from .space import ScanSpace, knob_values, realizations, sample
+from .realize import (Choice, RejectIllegal, best_choice, choice_of, choice_of_trace, default_choice,
+                      realize_choice, realize_module)
+from .space import ScanSpace, knob_values, legal, realizations, sample, violation
 from .task import load_tensor_intrin, make_cost_model, scan_runner, scan_task, tune_task
-from .workload import scan_workload, spec_from_json, spec_to_json, workload_module, workload_spec
+from .workload import form_of, scan_workload, spec_from_json, spec_to_json, workload_module, workload_spec
 
-__all__ = ["Choice", "MutateKnob", "RealizedFeatures", "ScanSpace", "best_choice", "build_candidate",
-           "choice_of", "choice_of_trace", "default_choice", "knob_values", "load_tensor_intrin",
-           "make_cost_model",
+__all__ = ["Choice", "MutateKnob", "RealizedFeatures", "RejectIllegal", "ScanSpace", "best_choice",
+           "build_candidate", "choice_of", "choice_of_trace", "default_choice", "form_of", "knob_values", "legal",
+           "load_tensor_intrin", "make_cost_model",
            "realizations", "realize_choice", "realize_module", "sample", "scan_builder",
            "scan_runner", "scan_task", "scan_workload", "spec_from_json", "spec_to_json",
-           "tune_task", "workload_module", "workload_spec"]
+           "tune_task", "violation", "workload_module", "workload_spec"]

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.postproc import PyPostproc
 
 import tir_schedules
 
-from .space import PREFIX, SCHEDULE_KEY, knob_values, realizations
+from .space import PREFIX, SCHEDULE_KEY, knob_values, legal, realizations
 from .workload import BLOCK, workload_module, workload_spec
 
 
@@ -67,6 +69,23 @@ def choice_of(mod):
             raise ValueError(f"workload: block {BLOCK!r} lacks the {key!r} annotation of {name}")
         config.append((knob, int(ann[key])))
     return Choice(spec, name, tuple(sorted(config)))
+
+
+@derived_object
+class RejectIllegal(PyPostproc):
+    """Fails a candidate whose knobs do not go together (``space.legal``: too many threads,
+    too much shared memory, a combination the kernel would clamp into another), so the
+    evolutionary search drops it before it is built or scored."""
+
+    def _initialize_with_tune_context(self, context):
+        pass
+
+    def apply(self, sch):
+        choice = choice_of(sch.mod)
+        return legal(choice.schedule, choice.spec, choice.knobs)
+
+    def clone(self):
+        return RejectIllegal()
 
 
 def realize_choice(choice, target=None):

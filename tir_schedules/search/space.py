@@ -9,15 +9,20 @@ realization's own rules (``generate``'s checks: threads a power of two <= 1024, 
 <= 32, 1 <= items <= 16; shared memory <= 48 KB); values that only repeat another one for this
 spec (a tile far longer than L, more chunks than steps) are left out, and the realization's
 default is always a candidate, so the hand-tuned choice is in the space.
+
+Where the rule binds knobs together (the matrix kernels: threads = v_tile * col_threads,
+shared memory and registers from all three; a CPU lane count the V tile would round), each
+knob lists the values legal for some choice of the others and ``legal`` rejects the
+combinations that break the rule or that the kernel would clamp into another one;
+``ScanSpace`` applies it as a postprocessor (``RejectIllegal``), so the search never measures
+them, as MetaSchedule's own ``VerifyGPUCode`` does for its sketches.
 """
 import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.space_generator import PySpaceGenerator
 
 import tir_schedules
-from scanweaver_core.spec import AffineScanSpec
-
-from .workload import BLOCK, require_static, workload_spec
+from .workload import BLOCK, form_of, require_static, workload_spec
 
 PREFIX = "scanweaver."
 SCHEDULE_KEY = PREFIX + "schedule"
@@ -66,8 +71,65 @@ def _selective_gpu(spec):
             "items": _pow2(1, 16)}
 
 
+def _matrix_cpu(spec):
+    # V tiles and register blocks (lanes) of powers of two up to V's, blocks of at most 16
+    # rows and 4 readout sums (past K the kernel clamps them to K), time tiles of 8 .. 128
+    # steps up to the first one holding all of L, rescaled pieces up to the longest tile
+    v_cap, tiles = _ceil_pow2(spec.value), [t for t in _pow2(8, 128) if t < spec.length]
+    tiles += [t for t in [_ceil_pow2(spec.length)] if t <= 128]
+    return {"vtile": _pow2(4, v_cap), "lanes": _pow2(4, min(64, v_cap)),
+            "rows": _pow2(1, min(16, spec.key)), "parts": _pow2(1, min(4, spec.key)),
+            "tile": tiles, "chunk": [0] + _pow2(4, min(64, max(tiles))) if spec.decay != "none" else [],
+            "prefetch": [0, 1], "locality": [1, 2, 3]}
+
+
+def _matrix_gpu(spec):
+    # tiles of V's columns (V itself, not a power of two past it), pow2 threads per column up
+    # to one row each, time tiles below 2L (longer ones are all padding)
+    return {"v_tile": [t for t in _pow2(1, 64) if t < spec.value] + [spec.value] * (spec.value <= 64),
+            "col_threads": _pow2(1, min(32, _ceil_pow2(spec.key))),
+            "t_tile": [t for t in _pow2(1, 64) if t < 2 * spec.length]}
+
+
+def _matrix_cpu_rule(spec, k):
+    """None, or what the kernel would clamp: lanes past (or not dividing) the V tile, readout
+    sums past the rows, a rescaled piece past the tile; the locality of no prefetch."""
+    rows = min(k["rows"], spec.key)
+    if k["lanes"] > k["vtile"] or k["vtile"] % k["lanes"]:
+        return f"vtile {k['vtile']} is not a multiple of lanes {k['lanes']}"
+    if k["parts"] > rows:
+        return f"parts {k['parts']} > rows {rows}"
+    if spec.decay != "none" and k["chunk"] > k["tile"]:
+        return f"chunk {k['chunk']} > tile {k['tile']}"
+    if not k["prefetch"] and k["locality"] != _default("matrix_cpu", spec)["locality"]:
+        return "locality without prefetch"
+    return None
+
+
+def _matrix_gpu_rule(spec, k):
+    """None, or the limit broken: ``generate``'s threads <= 1024, 48 KB of static shared
+    memory, or registers: a thread holds its prefetched operands and state rows (plus ~32
+    working registers) in at most 255 registers and 64K per block."""
+    threads = k["v_tile"] * k["col_threads"]
+    if threads > 1024:
+        return f"{threads} threads > 1024"
+    items, shared = tir_schedules.matrix_gpu.footprint(spec, k["v_tile"], k["col_threads"], k["t_tile"])
+    if shared > SMEM_LIMIT:
+        return f"{shared} bytes of shared memory > {SMEM_LIMIT}"
+    regs = items + -(-spec.key // k["col_threads"]) + 32
+    if regs > min(255, 65536 // threads):
+        return f"~{regs} registers per thread > {min(255, 65536 // threads)}"
+    return None
+
+
 _KNOBS = {"cpu": _cpu, "selective_cpu": _selective_cpu, "blelloch": _blelloch,
-          "warp": _warp, "chunked": _chunked, "selective_gpu": _selective_gpu}
+          "warp": _warp, "chunked": _chunked, "selective_gpu": _selective_gpu,
+          "matrix_cpu": _matrix_cpu, "matrix_gpu": _matrix_gpu}
+_RULES = {"matrix_cpu": _matrix_cpu_rule, "matrix_gpu": _matrix_gpu_rule}
+
+
+def _default(name, spec):
+    return tir_schedules.REALIZATIONS[name].default_config(spec)
 
 
 def knob_values(name, spec):
@@ -77,17 +139,32 @@ def knob_values(name, spec):
         raise ValueError(f"schedule: {name!r} has no search space; known: {sorted(_KNOBS)}")
     require_static(spec)
     values = _KNOBS[name](spec)
-    default = tir_schedules.REALIZATIONS[name].default_config(spec)
+    default = _default(name, spec)
     if set(default) != set(values):
         raise RuntimeError(f"{name}: search knobs {sorted(values)} differ from its config "
                            f"{sorted(default)}; update tir_schedules/search/space.py")
     return {k: sorted(set(v) | {int(default[k])}) for k, v in values.items()}
 
 
+def violation(name, spec, knobs):
+    """Why the knob values ``knobs`` (one of each) of realization ``name`` do not go together
+    for ``spec``, or None when they do (always for independent knobs and for the default)."""
+    knobs = {k: int(v) for k, v in knobs.items()}
+    rule = _RULES.get(name)
+    if rule is None or knobs == {k: int(v) for k, v in _default(name, spec).items()}:
+        return None
+    return rule(spec, knobs)
+
+
+def legal(name, spec, knobs):
+    """Whether the knob values ``knobs`` of realization ``name`` are a point of the space."""
+    return violation(name, spec, knobs) is None
+
+
 def realizations(spec, target):
     """Names of the realizations of ``spec`` on ``target`` (each one a design space)."""
     kind = tir_schedules.target_kind(target)
-    form = "affine" if isinstance(spec, AffineScanSpec) else "selective"
+    form = form_of(spec)
     return [n for n, m in tir_schedules.REALIZATIONS.items()
             if m.TARGET == kind and m.FORM == form and m.applies(spec)]
 
@@ -110,15 +187,17 @@ class ScanSpace(PySpaceGenerator):
     """Design spaces of a scan workload: one per applicable realization of its spec.
 
     The spec is read from the workload, the target from the tuning context (or given here).
-    No schedule rules or postprocessors (the realizations are complete schedules); the mutator
-    is ``MutateKnob``, which re-samples one decision.
+    No schedule rules (the realizations are complete schedules); the one postprocessor,
+    ``RejectIllegal``, drops candidates whose knobs break ``legal``; the mutator is
+    ``MutateKnob``, which re-samples one decision.
     """
 
     def __init__(self, target=None, mutator_probs=None):
         from .mutate import MutateKnob
+        from .realize import RejectIllegal
 
         self.target = None if target is None else tvm.target.Target(target)
-        self.sch_rules, self.postprocs = [], []
+        self.sch_rules, self.postprocs = [], [RejectIllegal()]
         self.mutator_probs = mutator_probs if mutator_probs is not None else {MutateKnob(): 1.0}
 
     def _initialize_with_tune_context(self, context):

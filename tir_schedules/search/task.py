@@ -18,13 +18,11 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from scanweaver_core.spec import AffineScanSpec
-
 from .builder import scan_builder
 from .features import RealizedFeatures
 from .realize import choice_of, default_choice
 from .space import ScanSpace, sample
-from .workload import require_static, workload_module
+from .workload import form_of, require_static, workload_module
 
 
 def scan_task(spec, target, with_builder=True):
@@ -38,9 +36,14 @@ def scan_task(spec, target, with_builder=True):
 
 
 def task_name(spec):
-    """``affine_2x64x300`` / ``selective_1x1536x1024x16``: the task's name in logs."""
-    if isinstance(spec, AffineScanSpec):
+    """``affine_2x64x300`` / ``selective_1x1536x1024x16`` / ``matrix_1x16x2048x64x64_key``:
+    the task's name in logs."""
+    form = form_of(spec)
+    if form == "affine":
         return "affine_" + "x".join(map(str, spec.shape))
+    if form == "matrix":
+        dims = (spec.batch, spec.heads, spec.length, spec.key, spec.value)
+        return "matrix_" + "x".join(map(str, dims)) + f"_{spec.decay}"
     return "selective_" + "x".join(map(str, (spec.batch, spec.dim, spec.length, spec.dstate)))
 
 

@@ -15,28 +15,34 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
 
 BLOCK = "scan"
 SPEC_ATTR = "scanweaver.spec"
 F32 = "float32"
-_KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec}
+_KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec, "matrix": MatrixScanSpec}
+
+
+def form_of(spec):
+    """``"affine"``, ``"selective"`` or ``"matrix"``: the ``FORM`` of the spec's realizations."""
+    for form, kind in _KINDS.items():
+        if isinstance(spec, kind):
+            return form
+    raise TypeError(f"spec: expected one of {[k.__name__ for k in _KINDS.values()]}, "
+                    f"got {type(spec).__name__}")
 
 
 def spec_to_json(spec):
     """The spec as JSON, tagged with its form (the workload carries it as a function attribute,
     so a builder in another process knows what to realize)."""
-    form = "affine" if isinstance(spec, AffineScanSpec) else "selective"
-    return json.dumps({"form": form, **dataclasses.asdict(spec)}, sort_keys=True)
+    return json.dumps({"form": form_of(spec), **dataclasses.asdict(spec)}, sort_keys=True)
 
 
 def spec_from_json(text):
     fields = json.loads(text)
     kind = _KINDS[fields.pop("form")]
-    if kind is AffineScanSpec:
-        fields["shape"], fields["a_shape"] = tuple(fields["shape"]), tuple(fields["a_shape"])
-        fields["outputs"] = tuple(fields["outputs"])
-    return kind(**fields)
+    # JSON has no tuples: the shape fields (affine's outputs too) come back as lists
+    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def workload_spec(mod):
@@ -60,11 +66,7 @@ def require_static(spec):
 def scan_workload(spec):
     """The workload PrimFunc ``main`` of ``spec`` (concrete extents only: tuning measures it)."""
     require_static(spec)
-    if isinstance(spec, AffineScanSpec):
-        return _affine(spec)
-    if isinstance(spec, SelectiveScanSpec):
-        return _selective(spec)
-    raise TypeError(f"spec: expected AffineScanSpec or SelectiveScanSpec, got {type(spec).__name__}")
+    return {"affine": _affine, "selective": _selective, "matrix": _matrix}[form_of(spec)](spec)
 
 
 def workload_module(spec):
@@ -167,4 +169,51 @@ def _selective(spec):
                         if last is not None:
                             with T.serial(0, n_state) as n:
                                 T.buffer_store(last, tirx.Cast(dt, h[n]) if dt != F32 else h[n], [bi, d, n])
+    return ib.get()
+
+
+def _matrix(spec):
+    """One block per (batch, head, state column c): the K-vector S[:, c] and its readout
+    sum_i q[i] S[i, c] (o_t[c] = q_t^T S_t[:, c]); operands broadcast on B, H (g also on L)
+    are read at index 0 there."""
+    dt, heads, n_k, n_v = spec.dtype, spec.heads, spec.key, spec.value
+    shapes = {**spec.operand_shapes(), "o": spec.out_shape}
+    if spec.return_last_state:
+        shapes["last"] = spec.state_shape
+    lanes = spec.batch * heads * n_v
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True, SPEC_ATTR: spec_to_json(spec)})
+            bufs = {name: T.arg(name, T.buffer(shape, dt)) for name, shape in shapes.items()}
+
+            def load(name, *index):
+                full = shapes[name]
+                return _f32(bufs[name][tuple(0 if n == 1 else i for n, i in zip(full, index))], dt)
+
+            def store(name, value, index):
+                T.buffer_store(bufs[name], value if dt == F32 else tirx.Cast(dt, value), index)
+
+            with T.sblock("root"):
+                with T.serial(0, lanes) as lane:
+                    with T.sblock(BLOCK):
+                        vl = T.axis.spatial(lanes, lane)
+                        bi, hi, c = vl // (heads * n_v), vl // n_v % heads, vl % n_v
+                        state = T.sblock_alloc_buffer((n_k,), F32, scope="local")
+                        y = T.sblock_alloc_buffer((1,), F32, scope="local")
+                        with T.serial(0, n_k) as i:
+                            T.buffer_store(state, load("h0", bi, hi, i, c) if spec.has_h0 else
+                                           tirx.const(0.0, F32), [i])
+                        with T.serial(0, spec.length) as s:
+                            t = spec.length - 1 - s if spec.reverse else s
+                            T.buffer_store(y, tirx.const(0.0, F32), [0])
+                            with T.serial(0, n_k) as i:
+                                g_at = {"scalar": 0, "key": i, "value": c}.get(spec.decay)
+                                old = state[i] if g_at is None else load("g", bi, hi, t, g_at) * state[i]
+                                T.buffer_store(state, old + load("k", bi, hi, t, i) * load("v", bi, hi, t, c), [i])
+                                T.buffer_store(y, y[0] + load("q", bi, hi, t, i) * state[i], [0])
+                            store("o", y[0], [bi, hi, t, c])
+                        if spec.return_last_state:
+                            with T.serial(0, n_k) as i:
+                                store("last", state[i], [bi, hi, i, c])
     return ib.get()
