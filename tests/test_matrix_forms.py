@@ -332,3 +332,95 @@ def test_half_state_accumulates_in_float32():
     got = _run(mod, half)[0]
     want = fn(*(a.double() for a in half)).numpy()
     assert np.abs(got - want).max() <= 1e-2 * max(1.0, np.abs(want).max())
+
+
+def _gla_scan_body_model(b, h, length, dk, dv):
+    """An ONNX ``Scan`` over time (axis 2) whose body carries a (B, H, K, V) state:
+    ``h = h * exp(g_t)[..., None] + k_t[..., None] * v_t[..., None, :]``, ``y = sum_k q h``."""
+    from onnx import TensorProto, helper
+
+    def vi(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    axes = [helper.make_tensor(n, TensorProto.INT64, [1], [a]) for n, a in (("ax2", 2), ("ax3", 3))]
+    node = helper.make_node
+    body = helper.make_graph(
+        [node("Unsqueeze", ["k_t", "ax3"], ["ku"]), node("Unsqueeze", ["v_t", "ax2"], ["vu"]),
+         node("Mul", ["ku", "vu"], ["kv"]), node("Exp", ["g_t"], ["ge"]),
+         node("Unsqueeze", ["ge", "ax3"], ["gu"]), node("Mul", ["h", "gu"], ["hg"]),
+         node("Add", ["hg", "kv"], ["hn"]), node("Unsqueeze", ["q_t", "ax3"], ["qu"]),
+         node("Mul", ["qu", "hn"], ["qh"]), node("ReduceSum", ["qh", "ax2"], ["y_t"], keepdims=0)],
+        "body", [vi("h", [b, h, dk, dv]), vi("q_t", [b, h, dk]), vi("k_t", [b, h, dk]),
+                 vi("v_t", [b, h, dv]), vi("g_t", [b, h, dk])],
+        [vi("hn", [b, h, dk, dv]), vi("y_t", [b, h, dv])], initializer=axes)
+    scan = node("Scan", ["h0", "Q", "K", "V", "G"], ["h_last", "Y"], body=body, num_scan_inputs=4,
+                scan_input_axes=[2, 2, 2, 2], scan_output_axes=[2], name="gla_scan")
+    graph = helper.make_graph(
+        [scan], "gla", [vi("h0", [b, h, dk, dv]), vi("Q", [b, h, length, dk]), vi("K", [b, h, length, dk]),
+                        vi("V", [b, h, length, dv]), vi("G", [b, h, length, dk])],
+        [vi("h_last", [b, h, dk, dv]), vi("Y", [b, h, length, dv])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_onnx_scan_with_a_matrix_state_is_one_matrix_scan():
+    import onnxruntime as ort
+
+    b, h, length, dk, dv = 2, 3, 9, 4, 5
+    model = _gla_scan_body_model(b, h, length, dk, dv)
+    rng = np.random.default_rng(4)
+    feeds = {"h0": rng.standard_normal((b, h, dk, dv)), "Q": rng.standard_normal((b, h, length, dk)),
+             "K": rng.standard_normal((b, h, length, dk)), "V": rng.standard_normal((b, h, length, dv)),
+             "G": -rng.random((b, h, length, dk))}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    mod = sw.from_onnx(model)
+    fused, recs = fuse(mod)
+    assert [r.form for r in recs if not r.rejected] == ["matrix"]
+    assert "scanweaver.affine_scan" not in fused["main"].script()
+    assert _largest_tensor(fused) < b * h * length * dk * dv
+    got = run_model(mod, [torch.from_numpy(feeds[k]) for k in ("h0", "Q", "K", "V", "G")])
+    assert_outputs_match(got, want, rtol=1e-5)
+
+
+def test_torch_scan_op_with_a_matrix_state_is_one_matrix_scan():
+    from torch._higher_order_ops.scan import scan
+
+    class GLAScan(nn.Module):
+        def forward(self, h0, q, k, v, g):          # xs (L, B, H, .)
+            def step(state, xs):
+                q_t, k_t, v_t, g_t = xs
+                state = state * g_t.exp()[..., None] + k_t[..., None] * v_t[..., None, :]
+                return state, (q_t[..., None] * state).sum(-2)
+            return scan(step, h0, (q, k, v, g))
+
+    length, b, h, dk, dv = 7, 2, 3, 4, 5
+    gen = torch.Generator().manual_seed(5)
+    args = (torch.randn(b, h, dk, dv, generator=gen), torch.randn(length, b, h, dk, generator=gen),
+            torch.randn(length, b, h, dk, generator=gen), torch.randn(length, b, h, dv, generator=gen),
+            -torch.rand(length, b, h, dk, generator=gen))
+    model = GLAScan()
+    mod = sw.from_torch(model, args)
+    fused, recs = fuse(mod)
+    assert [r.form for r in recs if not r.rejected] == ["matrix"]
+    assert "scanweaver.affine_scan" not in fused["main"].script()
+    assert_outputs_match(run_model(mod, args), torch_outputs(model, args), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gla", "mamba2"])
+def test_block_with_symbolic_batch_and_length_compiles_once(name):
+    """Traced short, generalized: one executable serves lengths and batches never traced."""
+    import tvm
+    from torch.export import Dim
+    from tvm import relax
+
+    model = init_weights(BLOCKS[name]()).eval()
+    arg = "x" if name == "gla" else "hidden"
+    mod = sw.from_torch(model, (example_input(length=9),),
+                        dynamic_shapes={arg: {0: Dim("batch"), 1: Dim("L")}})
+    script = mod.script()
+    assert script.count('"scanweaver.matrix_scan"') == 1 and '\\"length\\": \\"L\\"' in script
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    for batch, length in ((1, 1), (3, 40), (2, 129)):
+        x = example_input(length=length, batch=batch, seed=length)
+        got = vm["main"](tvm.runtime.tensor(x.numpy()))
+        assert_outputs_match([o.numpy() for o in got], torch_outputs(model, (x,)), rtol=1e-4)
