@@ -92,7 +92,7 @@ def find_lifted_scans(mod):
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        for var, match in find_lifted(func):
+        for var, match in find_lifted(func, _users(func)):
             if isinstance(match, LiftedMatch):
                 spec = match.spec
                 found.append(Recurrence(gvar.name_hint, "matrix", spec.length, 2, spec.reverse,

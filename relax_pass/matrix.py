@@ -30,8 +30,8 @@ from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import MatrixScanSpec
 
 from .interpret import Interpreter, Unsupported
-from .operands import operands_of
-from .steps import ONE, WIDTH, op_name, tensor_dtype, tensor_shape
+from .operands import operands_of, widening
+from .steps import ONE, op_name, tensor_shape
 
 READOUT_BUDGET = 80     # bindings of one readout piece
 ASSIGNMENTS = 4096      # label assignments tried for one product's factors
@@ -72,6 +72,8 @@ def match_matrix(rec, value_of, users):
     if len(shape) < 2 or len(labels) < 2:
         return "the state is not a matrix per lane"
     value_of = value_of if isinstance(value_of, VarMap) else VarMap(value_of.items())
+    if not looks_outer(value_of, rec.b):
+        return "b_t is not a product of per-step factors"
     rng = np.random.default_rng(11)
     readout = _readouts(rec, value_of, users, labels, rng)
     if isinstance(readout, str):
@@ -97,6 +99,8 @@ def input_and_decay(b, a, shape, dtype, key, labels, value_of, rng, lanes_from=N
     non-unit dim other than K is V, the rest are lanes (``lanes_from``: the dims that may
     be lanes, default all)."""
     rest = [d for d in labels if d != key and (lanes_from is None or d in lanes_from)]
+    if not rest:
+        return "the state has no dim besides the contracted one: not a matrix per lane"
     value_dim, lanes = rest[-1], rest[:-1]
     if len(lanes) > 2:
         return f"the state has {len(lanes)} lane dims besides K and V (at most 2: batch, head)"
@@ -139,11 +143,11 @@ def _readouts(rec, value_of, users, labels, rng):
     for where, fields, stack in _stack_sources(value_of, users, rec):
         if len(fields) != len(rec.states) or not all(isinstance(f, relax.Var) for f in fields):
             continue
-        first = _piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
+        first = readout_piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
         if first is None:
             continue
         piece, (key, q_labels, r_labels) = first
-        pieces = [piece] + [_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
+        pieces = [piece] + [readout_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
         if any(p is None for p in pieces):
             why = f"the pieces stacked in {where.name} do not each read one state the same way"
             continue
@@ -301,7 +305,7 @@ def _stack(value_of, users, cat, fields, length):
     return None
 
 
-def _piece(value_of, field, states, position, start, state_shape=None, labels=None, rng=None,
+def readout_piece(value_of, field, states, position, start, state_shape=None, labels=None, rng=None,
            like=None):
     """The ``Piece`` in ``field``: the highest binding that reads one state and one other
     non-constant value only, through which every path from ``field`` to the state goes.  For
@@ -370,7 +374,7 @@ def _view_chain(value_of, x):
     chain = [x]
     while isinstance(x, relax.Var):
         call = value_of.get(x)
-        if not (op_name(call) in _VIEWS or _widening(call)) or not isinstance(call.args[0], relax.Var):
+        if not (op_name(call) in _VIEWS or widening(call)) or not isinstance(call.args[0], relax.Var):
             break
         x = call.args[0]
         chain.append(x)
@@ -460,6 +464,12 @@ def _product(b, shape, dtype, value_of, labels, rng):
     return "b_t is not a product of factors along the state's dims"
 
 
+def looks_outer(value_of, b):
+    """A cheap structural test before the numeric ones: ``b`` is a product of at least two
+    tensors (not scalars)."""
+    return len([x for x in _product_leaves(value_of, b) if tensor_shape(x) not in (None, ())]) >= 2
+
+
 def _product_leaves(value_of, expr):
     """The factors of a product tree: through ``multiply``, layout views, widening casts,
     ``einsum`` and ``matmul`` that contract nothing (a unit dim at most)."""
@@ -468,7 +478,7 @@ def _product_leaves(value_of, expr):
         x = stack.pop()
         value = value_of.get(x) if isinstance(x, relax.Var) else (x if isinstance(x, relax.Call) else None)
         name = op_name(value)
-        if name == "relax.multiply" or (name in _VIEWS) or _widening(value):
+        if name == "relax.multiply" or (name in _VIEWS) or widening(value):
             stack.extend(a for a in value.args[:2 if name == "relax.multiply" else 1])
         elif name == "relax.einsum" and _contracts_nothing(value):
             stack.extend(value.args[0].fields)
@@ -477,13 +487,6 @@ def _product_leaves(value_of, expr):
         else:
             out.append(x)
     return out
-
-
-def _widening(value):
-    if op_name(value) != "relax.astype":
-        return False
-    source, target = tensor_dtype(value.args[0]), str(value.attrs.dtype)
-    return source in WIDTH and target in WIDTH and WIDTH[target] >= WIDTH[source]
 
 
 def _contracts_nothing(call):

@@ -16,7 +16,7 @@ from scanweaver_core.exprs import VarMap
 from scanweaver_core.scan_op import make_scan, parse_scan
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec
 
-from .matrix import Factor, _piece, input_and_decay
+from .matrix import Factor, input_and_decay, looks_outer, readout_piece
 from .matrix_layout import canonical, matrix_operand, scan_to_stack, state_from_scan, state_to_scan
 from .steps import tensor_dtype, tensor_shape
 
@@ -40,17 +40,10 @@ class LiftedMatch:
     state_shape: tuple      # the affine scan's state
 
 
-def find_lifted(func):
+def find_lifted(func, users):
     """``[(scan var, LiftedMatch or reason)]`` for the affine scans of ``func`` over states of
-    rank >= 2 per step."""
+    rank >= 2 per step (``users``: var -> the bindings using it)."""
     value_of = VarMap((b.var, b.value) for blk in func.body.blocks for b in blk.bindings)
-    users = {}
-    for blk in func.body.blocks:
-        for b in blk.bindings:
-            for v in relax.analysis.free_vars(b.value):
-                users.setdefault(v, []).append(b.var)
-    for v in relax.analysis.free_vars(func.body.body):
-        users.setdefault(v, []).append("return")
     position = VarMap((v, i) for i, v in enumerate(value_of))
     found = []
     for var, value in value_of.items():
@@ -65,6 +58,8 @@ def find_lifted(func):
 
 def _match(var, spec, operands, value_of, users, position):
     axis, shape = spec.axis, spec.shape
+    if not looks_outer(value_of, operands[1]):
+        return "b is not a product of whole-sequence factors"
     states, last = var, None
     if len(spec.outputs) == 2:                       # (states, last): bound by TupleGetItems
         gets = {value_of[u].index: u for u in users.get(var, []) if isinstance(u, relax.Var)
@@ -126,7 +121,7 @@ def _readout(states, shape, labels, value_of, users, position, rng):
         if not _reads(value_of, r, states, position, start):
             continue
         tried += 1
-        got = _piece(value_of, r, mark, position, start, shape, labels, rng)
+        got = readout_piece(value_of, r, mark, position, start, shape, labels, rng)
         if got is None:
             continue
         piece, (key, q_labels, r_labels) = got
