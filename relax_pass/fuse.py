@@ -60,11 +60,17 @@ def find(mod, cumulative=False):
     return found
 
 
+_MATCHER_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, IndexError)
+
+
 def _try_matrix(rec, value, users):
     """Mark ``rec`` a matrix-state scan when ``match_matrix`` reads it as one."""
     if len(rec.state_shape) < 2:
         return
-    match = match_matrix(rec, value, users)
+    try:
+        match = match_matrix(rec, value, users)
+    except _MATCHER_ERRORS as err:     # a form the matcher did not foresee: leave it affine
+        match = f"the matrix matcher could not read it: {error_line(err)}"
     if isinstance(match, MatrixMatch):
         rec.form, rec.matrix = "matrix", match
     else:
@@ -92,7 +98,7 @@ def find_lifted_scans(mod):
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        for var, match in find_lifted(func, _users(func)):
+        for var, match in find_lifted(func, _users(func), _MATCHER_ERRORS):
             if isinstance(match, LiftedMatch):
                 spec = match.spec
                 found.append(Recurrence(gvar.name_hint, "matrix", spec.length, 2, spec.reverse,

@@ -40,9 +40,10 @@ class LiftedMatch:
     state_shape: tuple      # the affine scan's state
 
 
-def find_lifted(func, users):
+def find_lifted(func, users, errors=()):
     """``[(scan var, LiftedMatch or reason)]`` for the affine scans of ``func`` over states of
-    rank >= 2 per step (``users``: var -> the bindings using it)."""
+    rank >= 2 per step (``users``: var -> the bindings using it; ``errors``: exceptions that
+    make a scan a reason, not a failure)."""
     value_of = VarMap((b.var, b.value) for blk in func.body.blocks for b in blk.bindings)
     position = VarMap((v, i) for i, v in enumerate(value_of))
     found = []
@@ -52,7 +53,10 @@ def find_lifted(func, users):
             continue
         if parsed[0].is_symbolic or "states" not in parsed[0].outputs:
             continue
-        found.append((var, _match(var, *parsed, value_of, users, position)))
+        try:
+            found.append((var, _match(var, *parsed, value_of, users, position)))
+        except errors as err:
+            found.append((var, f"the matrix matcher could not read it: {err}"))
     return found
 
 
