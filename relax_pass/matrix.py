@@ -524,24 +524,23 @@ def _all_ones(x):
 def _spec(rec, roles, q, k, v, decay, last_users):
     shape = rec.state_shape
 
-    def extent(role):
-        return shape[roles[role]] if role in roles else 1
+    def extent(role, factor=None):
+        """The role's extent (1 when absent, or when ``factor`` does not run along it)."""
+        if role not in roles or (factor is not None and roles[role] not in factor.labels):
+            return 1
+        return shape[roles[role]]
 
-    def canonical(factor, inner, per_step=True):
-        covered = set(factor.labels)
-        return tuple(extent(r) if r in roles and roles[r] in covered else 1 for r in ("B", "H")) + \
-            (rec.length if per_step else 1, extent(inner) if roles[inner] in covered else 1)
+    def canonical(factor, inner):
+        return (extent("B", factor), extent("H", factor), rec.length, extent(inner, factor))
 
-    v_shape = _broadcast([canonical(f, "V") for f in v])
-    v_shape = v_shape[:2] + (rec.length, extent("V"))
-    if decay is None:
-        kind, g_shape = "none", ()
-    else:
+    v_shape = _broadcast([canonical(f, "V") for f in v])[:2] + (rec.length, extent("V"))
+    kind, g_shape = "none", ()
+    if decay is not None:
         kind = "key" if roles["K"] in decay.labels else "value" if roles["V"] in decay.labels else "scalar"
-        inner = {"key": "K", "value": "V", "scalar": None}[kind]
-        g_shape = canonical(decay, inner or "K")
-        g_shape = g_shape[:3] + ((1,) if inner is None else g_shape[3:])
-        g_shape = g_shape[:2] + ((rec.length if rec.analysis.template(decay.expr).index is not None else 1),) + g_shape[3:]
+        per_step = rec.analysis.template(decay.expr).index is not None
+        inner = {"key": "K", "value": "V"}.get(kind)
+        g_shape = (extent("B", decay), extent("H", decay), rec.length if per_step else 1,
+                   extent(inner, decay) if inner else 1)
     return MatrixScanSpec.create(extent("B"), extent("H"), rec.length, extent("K"), extent("V"),
                                  canonical(q, "K"), canonical(k, "K"), v_shape, kind, g_shape,
                                  rec.reverse, rec.initial is not None, rec.dtype, last_users)
