@@ -30,7 +30,7 @@ from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import MatrixScanSpec
 
 from .interpret import Interpreter, Unsupported
-from .operands import operands_of, widening
+from .operands import evaluate_from, operands_of, widening
 from .steps import ONE, op_name, tensor_shape
 
 READOUT_BUDGET = 80     # bindings of one readout piece
@@ -416,7 +416,7 @@ def _contraction(value_of, field, piece, state_shape, labels, rng):
     if qs is None or fs is None:
         return None
     sv, qv = rng.uniform(-1, 1, state_shape), rng.uniform(-1, 1, qs)
-    got = _evaluate(value_of, field, {state: sv, q: qv})
+    got = evaluate_from(value_of, field, {state: sv, q: qv})
     if got is None:
         return None
     got = _squeezed(got)
@@ -443,7 +443,7 @@ def _product(b, shape, dtype, value_of, labels, rng):
     if len(tensors) < 2:
         return "b_t is not a product of per-step factors"
     values = {x: rng.uniform(0.5, 1.5, tensor_shape(x)) for x in tensors}
-    got = _evaluate(value_of, b, values)
+    got = evaluate_from(value_of, b, values)
     if got is None:
         return "b_t could not be evaluated on random factors"
     got = np.broadcast_to(got, shape) if _broadcasts(got.shape, shape) else None
@@ -551,16 +551,6 @@ def _broadcast(shapes):
 
 
 # -- numeric helpers -----------------------------------------------------------------------------
-def _evaluate(value_of, expr, env):
-    interp = Interpreter(value_of)
-    interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
-    try:
-        got = interp(expr)
-    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
-        return None
-    return np.asarray(got, dtype=np.float64)
-
-
 def _squeezed(x):
     return np.reshape(x, [n for n in np.shape(x) if n != 1])
 

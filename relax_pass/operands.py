@@ -120,15 +120,20 @@ def probe(x, rng):
     return rng.uniform(-1.0, 1.0, tensor_shape(x))
 
 
-def agrees(value_of, expr, env, want):
-    """Does ``expr``, evaluated from ``env`` alone (constants aside), equal ``want``?"""
+def evaluate_from(value_of, expr, env):
+    """``expr`` evaluated from ``env`` alone (constants aside), or None when it cannot be."""
     interp = Interpreter(value_of)
     interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
     try:
-        got = interp(expr)
+        return np.asarray(interp(expr))
     except (Unsupported, KeyError, ValueError, TypeError, IndexError):
-        return False
-    return got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-9)
+        return None
+
+
+def agrees(value_of, expr, env, want):
+    """Does ``expr``, evaluated from ``env`` alone (constants aside), equal ``want``?"""
+    got = evaluate_from(value_of, expr, env)
+    return got is not None and got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-9)
 
 
 def choose(value_of, expr, roles, formula, t, fixed=()):
