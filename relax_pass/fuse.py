@@ -23,8 +23,8 @@ from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
 from .matrix import MatrixMatch, match_matrix
 from .matrix_lifted import LiftedMatch, emit_lifted, find_lifted
-from .matrix_layout import (epilogue_stack, matrix_operand, readouts_from_scan, scan_to_stack,
-                            state_from_scan, state_to_scan)
+from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
+                            scan_to_stack, state_from_scan)
 from .selective import SelectiveMatch, match_selective
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 from .validate import validate
@@ -84,8 +84,8 @@ def fuse(mod, cumulative=False):
     with cached_constants():      # every validation reads the same weights: convert them once
         new, recurrences = _fuse(mod, find(mod, cumulative))
         lifted = find_lifted_scans(new)
-        if not any(not r.rejected for r in lifted):
-            return new, recurrences + lifted
+        if not lifted:
+            return new, recurrences
         new, lifted = _fuse(new, lifted)
         return new, recurrences + lifted
 
@@ -389,26 +389,16 @@ class _Rewriter(relax.PyExprMutator):
         bb, match = self.builder_, rec.matrix
         spec = match.spec
         lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, self.visit_expr)
-        shapes = spec.operand_shapes()
-        args = [matrix_operand(bb, lifter, match.q, match.roles, "K", shapes["q"], spec.dtype),
-                matrix_operand(bb, lifter, match.k, match.roles, "K", shapes["k"], spec.dtype)]
-        v = None
-        for factor in match.v:
-            part = matrix_operand(bb, lifter, factor, match.roles, "V", None, None)
-            v = part if v is None else bb.emit(relax.op.multiply(v, part))
-        args.append(matrix_operand(bb, lifter, None, match.roles, "V", shapes["v"], spec.dtype, v))
-        if match.decay is not None:
-            inner = {"key": "K", "value": "V", "scalar": None}[spec.decay]
-            args.append(matrix_operand(bb, lifter, match.decay, match.roles, inner, shapes["g"], spec.dtype))
-        if spec.has_h0:
-            args.append(state_to_scan(bb, self.visit_expr(rec.initial), match.roles, spec))
-        scan = bb.emit(make_scan(spec, args), "matrix_scan")
-        out = bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan
+        factors = {"q": match.q, "k": match.k, "v": match.v, "decay": match.decay}
+        h0 = self.visit_expr(rec.initial) if spec.has_h0 else None
+        scan, out = emit_matrix_scan(
+            bb, spec, match.roles, match.roles, factors, h0,
+            lambda f, inner: canonical(bb, *lifter.lift(f.expr), f.labels, match.roles, inner))
         if match.epilogue is not None:         # pieces E(readout_t, x_t): lifted where stacked
             self._pending[id(rec)] = (lifter, out)
         elif match.output is not None:
-            self._replace(match.output, scan_to_stack(bb, out, match, tensor_shape(match.output),
-                                                      tensor_dtype(match.output)))
+            self._replace(match.output, scan_to_stack(bb, out, match.roles, match.out_labels,
+                                                      tensor_shape(match.output), tensor_dtype(match.output)))
         else:                                   # pieces compute more from each readout
             first = min(rec.indices)
             positions = [t - first for _, t in match.readout_vars]

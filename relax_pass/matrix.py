@@ -88,7 +88,9 @@ def match_matrix(rec, value_of, users):
     if stray:
         return f"state {stray[0].name} is used outside the readout"
     last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
-    spec = _spec(rec, roles, q, k, others, decay, last_users)
+    per_step = decay is not None and rec.analysis.template(decay.expr).index is not None
+    spec = matrix_spec(rec.state_shape, roles, rec.length, q, k, others, decay, per_step, rec.reverse,
+                       rec.initial is not None, rec.dtype, last_users)
     return MatrixMatch(spec, roles, q, k, others, decay, output, out_axes, consumed, last_users,
                        readout_vars, readout_labels, epilogue)
 
@@ -521,9 +523,13 @@ def _all_ones(x):
     return isinstance(x, tvm.ir.GenericConst) and bool(np.all(x.value.numpy() == 1))
 
 
-def _spec(rec, roles, q, k, v, decay, last_users):
-    shape = rec.state_shape
+INNER = {"key": "K", "value": "V"}     # the decay kind -> the state dim its g runs along
 
+
+def matrix_spec(shape, roles, length, q, k, v, decay, decay_per_step, reverse, has_h0, dtype,
+                last_users):
+    """The ``MatrixScanSpec`` of a match: ``shape`` is what ``roles`` index (the state, or the
+    whole-sequence b), each factor's canonical (B, H, L, .) shape from the dims it runs along."""
     def extent(role, factor=None):
         """The role's extent (1 when absent, or when ``factor`` does not run along it)."""
         if role not in roles or (factor is not None and roles[role] not in factor.labels):
@@ -531,19 +537,18 @@ def _spec(rec, roles, q, k, v, decay, last_users):
         return shape[roles[role]]
 
     def canonical(factor, inner):
-        return (extent("B", factor), extent("H", factor), rec.length, extent(inner, factor))
+        return (extent("B", factor), extent("H", factor), length, extent(inner, factor))
 
-    v_shape = _broadcast([canonical(f, "V") for f in v])[:2] + (rec.length, extent("V"))
+    v_shape = _broadcast([canonical(f, "V") for f in v])[:2] + (length, extent("V"))
     kind, g_shape = "none", ()
     if decay is not None:
         kind = "key" if roles["K"] in decay.labels else "value" if roles["V"] in decay.labels else "scalar"
-        per_step = rec.analysis.template(decay.expr).index is not None
-        inner = {"key": "K", "value": "V"}.get(kind)
-        g_shape = (extent("B", decay), extent("H", decay), rec.length if per_step else 1,
+        inner = INNER.get(kind)
+        g_shape = (extent("B", decay), extent("H", decay), length if decay_per_step else 1,
                    extent(inner, decay) if inner else 1)
-    return MatrixScanSpec.create(extent("B"), extent("H"), rec.length, extent("K"), extent("V"),
+    return MatrixScanSpec.create(extent("B"), extent("H"), length, extent("K"), extent("V"),
                                  canonical(q, "K"), canonical(k, "K"), v_shape, kind, g_shape,
-                                 rec.reverse, rec.initial is not None, rec.dtype, last_users)
+                                 reverse, has_h0, dtype, last_users)
 
 
 def _broadcast(shapes):

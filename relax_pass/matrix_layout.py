@@ -8,22 +8,39 @@ layouts with one ``permute_dims`` and one ``reshape`` each (unit dims only move)
 """
 from tvm import relax
 
+from scanweaver_core.scan_op import make_scan
+
+from .matrix import INNER
 from .steps import tensor_dtype, tensor_shape
 
 _LANES = ("B", "H")
 
 
-def matrix_operand(bb, lifter, factor, roles, inner, shape=None, dtype=None, whole=None):
-    """A scan operand: ``factor`` lifted to the whole sequence (or the ``whole`` tensor given,
-    already in the scan's layout) in (B, H, L, inner) layout, broadcast to ``shape`` and cast
-    to ``dtype`` if needed."""
-    if whole is None:
-        whole = canonical(bb, *lifter.lift(factor.expr), factor.labels, roles, inner)
-    if shape is not None and tensor_shape(whole) != tuple(shape):
-        whole = bb.emit(relax.op.broadcast_to(whole, shape))
-    if dtype is not None and tensor_dtype(whole) != dtype:
-        whole = bb.emit(relax.op.astype(whole, dtype))
-    return whole
+def emit_matrix_scan(bb, spec, roles, state_roles, factors, h0, whole):
+    """Emit the matrix scan ``spec`` on ``factors`` (``q``, ``k``, ``v``: a list multiplied
+    together, ``decay``: a Factor or None), each put in its (B, H, L, .) layout by
+    ``whole(factor, inner)`` (lifted from a step, or already whole), broadcast to the spec's
+    shape and cast to its dtype; ``h0`` in the user's layout (``state_roles``).  Returns
+    ``(scan, o)``."""
+    shapes = spec.operand_shapes()
+
+    def operand(x, name):
+        if tensor_shape(x) != tuple(shapes[name]):
+            x = bb.emit(relax.op.broadcast_to(x, shapes[name]))
+        return x if tensor_dtype(x) == spec.dtype else bb.emit(relax.op.astype(x, spec.dtype))
+
+    args = [operand(whole(factors["q"], "K"), "q"), operand(whole(factors["k"], "K"), "k")]
+    v = None
+    for factor in factors["v"]:
+        part = whole(factor, "V")
+        v = part if v is None else bb.emit(relax.op.multiply(v, part))
+    args.append(operand(v, "v"))
+    if factors["decay"] is not None:
+        args.append(operand(whole(factors["decay"], INNER.get(spec.decay)), "g"))
+    if spec.has_h0:
+        args.append(state_to_scan(bb, h0, state_roles, spec))
+    scan = bb.emit(make_scan(spec, args), "matrix_scan")
+    return scan, (bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan)
 
 
 def canonical(bb, e, tax, labels, roles, inner):
@@ -61,9 +78,7 @@ def state_to_scan(bb, x, roles, spec):
     perm = present + [d for d in range(len(tensor_shape(x))) if d not in present]
     if perm != list(range(len(perm))):
         x = bb.emit(relax.op.permute_dims(x, perm))
-    if tensor_shape(x) != tuple(spec.state_shape):
-        x = bb.emit(relax.op.reshape(x, spec.state_shape))
-    return x
+    return _reshaped(bb, x, spec.state_shape)
 
 
 def state_from_scan(bb, s, roles, state_shape):
@@ -73,43 +88,38 @@ def state_from_scan(bb, s, roles, state_shape):
     order = sorted(range(len(present)), key=lambda i: present[i])
     if order != list(range(len(order))):
         s = bb.emit(relax.op.permute_dims(s, order))
-    return bb.emit(relax.op.reshape(s, state_shape)) if tensor_shape(s) != tuple(state_shape) else s
+    return _reshaped(bb, s, state_shape)
 
 
-def scan_to_stack(bb, o, match, out_shape, out_dtype):
-    """The scan's o (B, H, L, V) as the user's stacked readouts (``match.out_labels``)."""
-    roles = match.roles
+def _relabel(bb, o, roles, labels):
+    """The scan's o (B, H, L, V) with its non-unit dims in the order ``labels`` names (state
+    dims or ``"L"``)."""
     present = [roles[r] for r in _LANES if r in roles] + ["L", roles["V"]]
     extents = [n for n in tensor_shape(o) if n != 1]
-    if sorted(map(str, present)) != sorted(map(str, match.out_labels)) or len(extents) != len(present):
-        raise ValueError(f"the stacked readouts' dims {match.out_labels} are not the scan's {present}")
-    o = _reshaped(bb, o, [n for n in tensor_shape(o) if n != 1])
-    perm = [present.index(label) for label in match.out_labels]
-    if perm != list(range(len(perm))):
-        o = bb.emit(relax.op.permute_dims(o, perm))
-    if tensor_shape(o) != tuple(out_shape):
-        o = bb.emit(relax.op.reshape(o, out_shape))
-    if tensor_dtype(o) != out_dtype:
-        o = bb.emit(relax.op.astype(o, out_dtype))
-    return o
+    if sorted(map(str, present)) != sorted(map(str, labels)) or len(extents) != len(present):
+        raise ValueError(f"the readouts' dims {labels} are not the scan's {present}")
+    o = _reshaped(bb, o, extents)
+    perm = [present.index(label) for label in labels]
+    return o if perm == list(range(len(perm))) else bb.emit(relax.op.permute_dims(o, perm))
+
+
+def _cast(bb, x, dtype):
+    return x if tensor_dtype(x) == dtype else bb.emit(relax.op.astype(x, dtype))
+
+
+def scan_to_stack(bb, o, roles, out_labels, out_shape, out_dtype):
+    """The scan's o (B, H, L, V) as the user's stacked readouts (``out_labels``: for each
+    non-unit axis of the stack, a state dim or ``"L"``)."""
+    return _cast(bb, _reshaped(bb, _relabel(bb, o, roles, out_labels), out_shape), out_dtype)
 
 
 def readouts_whole(bb, o, match):
     """Every step's readout ``q_t^T S_t`` read from the scan's o, time first, each in the
     layout (and dtype) of the step's own readout."""
-    roles, piece = match.roles, match.readout_vars[0][0]
-    present = [roles[r] for r in _LANES if r in roles] + ["L", roles["V"]]
-    labels = ("L",) + tuple(match.readout_labels)
-    if sorted(map(str, present)) != sorted(map(str, labels)):
-        raise ValueError(f"a readout's dims {match.readout_labels} are not the scan's {present}")
-    o = _reshaped(bb, o, [n for n in tensor_shape(o) if n != 1])
-    perm = [present.index(label) for label in labels]
-    if perm != list(range(len(perm))):
-        o = bb.emit(relax.op.permute_dims(o, perm))
-    o = _reshaped(bb, o, (tensor_shape(o)[0],) + tuple(tensor_shape(piece)))
-    if tensor_dtype(o) != tensor_dtype(piece):
-        o = bb.emit(relax.op.astype(o, tensor_dtype(piece)))
-    return o
+    piece = match.readout_vars[0][0]
+    o = _relabel(bb, o, match.roles, ("L",) + tuple(match.readout_labels))
+    return _cast(bb, _reshaped(bb, o, (tensor_shape(o)[0],) + tuple(tensor_shape(piece))),
+                 tensor_dtype(piece))
 
 
 def readouts_from_scan(bb, o, match, positions):

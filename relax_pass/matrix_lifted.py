@@ -13,11 +13,11 @@ import numpy as np
 from tvm import relax
 
 from scanweaver_core.exprs import VarMap
-from scanweaver_core.scan_op import make_scan, parse_scan
+from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec
 
-from .matrix import Factor, input_and_decay, looks_outer, readout_piece
-from .matrix_layout import canonical, matrix_operand, scan_to_stack, state_from_scan, state_to_scan
+from .matrix import Factor, input_and_decay, looks_outer, matrix_spec, readout_piece
+from .matrix_layout import canonical, emit_matrix_scan, scan_to_stack, state_from_scan
 from .steps import tensor_dtype, tensor_shape
 
 READOUT_TRIES = 40      # bindings above the states tried as their readout
@@ -89,24 +89,10 @@ def _match(var, spec, operands, value_of, users, position):
     state_roles = {r: d - (d > axis) for r, d in roles.items() if r != "L"}
     out_labels = tuple("L" if d == axis else d for d in r_labels)
 
-    def extent(role, factor=None):
-        if role not in roles or (factor is not None and roles[role] not in factor.labels):
-            return 1
-        return shape[roles[role]]
-
-    def canonical(factor, inner):
-        return tuple(extent(r, factor) for r in ("B", "H")) + (spec.length, extent(inner, factor))
-
     q = Factor(piece.q, q_labels)
-    v_shape = tuple(max(ns) for ns in zip(*[canonical(f, "V") for f in others]))[:2] + (spec.length, extent("V"))
-    kind, g_shape = "none", ()
-    if decay is not None:
-        kind = "key" if roles["K"] in decay.labels else "value" if roles["V"] in decay.labels else "scalar"
-        inner = {"key": "K", "value": "V", "scalar": None}[kind]
-        g_shape = tuple(extent(r, decay) for r in ("B", "H", "L")) + ((extent(inner, decay),) if inner else (1,))
-    matrix = MatrixScanSpec.create(extent("B"), extent("H"), spec.length, extent("K"), extent("V"),
-                                   canonical(q, "K"), canonical(k, "K"), v_shape, kind, g_shape,
-                                   spec.reverse, spec.has_h0, spec.dtype, last is not None)
+    matrix = matrix_spec(shape, roles, spec.length, q, k, others, decay,
+                         decay is not None and axis in decay.labels, spec.reverse, spec.has_h0,
+                         spec.dtype, last is not None)
     h0 = operands[2] if spec.has_h0 else None
     return LiftedMatch(var, matrix, roles, state_roles, q, k, others, decay, h0, piece.readout,
                        out_labels, last, spec.state_shape)
@@ -134,9 +120,9 @@ def _readout(states, shape, labels, value_of, users, position, rng):
     return "the stacked states are not read only by a contraction with a per-step vector"
 
 
-def _reads(value_of, v, states, position, start, memo=None):
-    memo = VarMap() if memo is None else memo
-    stack = [v]
+def _reads(value_of, v, states, position, start):
+    """Does binding ``v`` depend on ``states``?"""
+    memo, stack = VarMap(), [v]
     while stack:
         x = stack.pop()
         if x.same_as(states):
@@ -152,41 +138,14 @@ def _reads(value_of, v, states, position, start, memo=None):
 
 def emit_lifted(bb, match, visit):
     """Emit the matrix scan of ``match``; returns ``[(old var, new expr)]`` to replace."""
-    spec = match.spec
-    shapes = spec.operand_shapes()
-    roles = match.roles
-    args = [matrix_operand(bb, None, None, roles, "K", shapes["q"], spec.dtype,
-                           _whole(bb, match.q, roles, "K", visit)),
-            matrix_operand(bb, None, None, roles, "K", shapes["k"], spec.dtype,
-                           _whole(bb, match.k, roles, "K", visit))]
-    v = None
-    for factor in match.v:
-        part = _whole(bb, factor, roles, "V", visit)
-        v = part if v is None else bb.emit(relax.op.multiply(v, part))
-    args.append(matrix_operand(bb, None, None, roles, "V", shapes["v"], spec.dtype, v))
-    if match.decay is not None:
-        inner = {"key": "K", "value": "V", "scalar": None}[spec.decay]
-        args.append(matrix_operand(bb, None, None, roles, inner, shapes["g"], spec.dtype,
-                                   _whole(bb, match.decay, roles, inner, visit)))
-    if spec.has_h0:
-        args.append(state_to_scan(bb, visit(match.h0), match.state_roles, spec))
-    scan = bb.emit(make_scan(spec, args), "matrix_scan")
-    out = bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan
-    stand_in = _Labels(match.roles, match.out_labels)
-    replaced = [(match.readout, scan_to_stack(bb, out, stand_in, tensor_shape(match.readout),
-                                              tensor_dtype(match.readout)))]
+    factors = {"q": match.q, "k": match.k, "v": match.v, "decay": match.decay}
+    h0 = visit(match.h0) if match.spec.has_h0 else None
+    scan, out = emit_matrix_scan(
+        bb, match.spec, match.roles, match.state_roles, factors, h0,
+        lambda f, inner: canonical(bb, visit(f.expr), None, f.labels, match.roles, inner))
+    replaced = [(match.readout, scan_to_stack(bb, out, match.roles, match.out_labels,
+                                              tensor_shape(match.readout), tensor_dtype(match.readout)))]
     if match.last is not None:
         replaced.append((match.last, state_from_scan(bb, bb.emit(relax.TupleGetItem(scan, 1)),
                                                      match.state_roles, match.state_shape)))
     return replaced
-
-
-class _Labels:
-    """What ``scan_to_stack`` reads of a match: the roles and the output's labels."""
-
-    def __init__(self, roles, out_labels):
-        self.roles, self.out_labels = roles, out_labels
-
-
-def _whole(bb, factor, roles, inner, visit):
-    return canonical(bb, visit(factor.expr), None, factor.labels, roles, inner)
