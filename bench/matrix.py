@@ -16,7 +16,6 @@ round, after a warm-up, the order rotating), so a busy machine slows them alike;
 ``matrix.json`` and ``matrix.md`` into ``--out``.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import numpy as np
 
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")   # before TVM's pool starts
 
-from . import anchors, rel_err  # noqa: E402
+from . import anchors, outputs, rel_err  # noqa: E402
 from scanweaver_tvm import reference  # noqa: E402,F401 (sets TVM_NUM_THREADS to the cores)
 from scanweaver_core.reference import matrix_scan  # noqa: E402
 from scanweaver_core.spec import MatrixScanSpec  # noqa: E402
@@ -251,12 +250,7 @@ def main(argv=None):
         result["rows"].append(row(shape, args.rounds, result["bandwidth"]))
     result["machine"]["loadavg_1min_end"] = os.getloadavg()[0]
     result["seconds"] = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "matrix.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    md = report(result)
-    with open(os.path.join(args.out, "matrix.md"), "w") as f:
-        f.write(md)
+    md = outputs.write(args.out, "matrix", result, report(result))
     print("\n" + md)
     print(f"wrote {args.out}/matrix.json and matrix.md in {result['seconds']:.0f} s")
     return 0

@@ -17,7 +17,6 @@ long run that dies keeps what it measured) and ``models.md`` into ``--out``.
 import argparse
 import contextlib
 import gc
-import json
 import os
 import platform
 import statistics
@@ -27,7 +26,7 @@ import time
 
 import numpy as np
 
-from . import rel_err, time_ms
+from . import outputs, rel_err, time_ms
 from .models_report import THREADS, TOL, _targets, report
 
 LENGTHS = (64, 256, 1024)
@@ -353,13 +352,7 @@ def _machine():
 
 
 def _write(out_dir, result):
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "models.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    md = report(result)
-    with open(os.path.join(out_dir, "models.md"), "w") as f:
-        f.write(md)
-    return md
+    return outputs.write(out_dir, "models", result, report(result))
 
 
 def main(argv=None):

@@ -9,7 +9,6 @@ Our TVM realizations come in through ``ours()``; their rows are skipped with a n
 ``tir_schedules.build`` does not exist.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -19,7 +18,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import anchors, rel_err, time_ms
+from . import anchors, outputs, rel_err, time_ms
 from scanweaver_tvm import reference
 
 PLAIN_SHAPE = (1, 1536, 1024)
@@ -253,12 +252,7 @@ def main(argv=None):
     result["notes"] = sorted(notes)
     result["seconds"] = time.perf_counter() - t0
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "scan.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    md = report(result)
-    with open(os.path.join(args.out, "scan.md"), "w") as f:
-        f.write(md)
+    md = outputs.write(args.out, "scan", result, report(result))
     print("\n" + md)
     print(f"wrote {args.out}/scan.json and scan.md in {result['seconds']:.0f} s")
     return 0
