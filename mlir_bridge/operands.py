@@ -19,8 +19,9 @@ def mlir_spec(spec):
 
     if isinstance(spec, MatrixScanSpec):
         raise ValueError("mlir realization: matrix-state scans (MatrixScanSpec: gated linear "
-                         "attention, retention, linear attention, Mamba-2) are not there yet; "
-                         "use realization='tir'")
+                         "attention, retention, linear attention, Mamba-2) are not there yet, "
+                         "except in Mamba-1's form (MatrixScanSpec.as_selective), which takes "
+                         "the selective kernel; use realization='tir'")
     if isinstance(spec, SelectiveScanSpec):
         for field in ("batch", "length"):
             if is_symbolic(getattr(spec, field)):

@@ -255,9 +255,10 @@ def _scan(spec, ops):
         out = {"states": states, "last": reference.last_state(states, spec.axis, spec.reverse)}
         got = [out[k] for k in spec.outputs]
     elif isinstance(spec, MatrixScanSpec):
-        kwargs = dict(zip(spec.operand_names(), ops))
-        got = reference.matrix_scan(decay=spec.decay, reverse=spec.reverse,
-                                    return_last_state=spec.return_last_state, **kwargs)
+        kwargs = {"g" if n == "dt" else n: x for n, x in zip(spec.operand_names(), ops)}
+        got = reference.matrix_scan(decay=None if spec.decay == "selective" else spec.decay,
+                                    reverse=spec.reverse, return_last_state=spec.return_last_state,
+                                    dt_softplus=spec.dt_softplus, layout=spec.layout, **kwargs)
         got = list(got) if isinstance(got, tuple) else [got]
     else:
         names = ["u", "delta", "A", "B", "C"] + [k for k, on in (

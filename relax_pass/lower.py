@@ -13,6 +13,8 @@ from tvm import relax
 
 import tir_schedules
 from scanweaver_core.scan_op import output_types, parse_scan
+from scanweaver_core.spec import MatrixScanSpec
+from tir_schedules import instance
 
 REALIZATIONS = ("tir", "mlir")
 
@@ -37,12 +39,16 @@ class _Lowerer(relax.PyExprMutator):
             return tir_schedules.realize(spec, self.target, self.schedule)
         from mlir_bridge import tvm_wrap
 
+        # a matrix scan in Mamba's form takes the selective kernel, on its own buffers
+        other = instance.counterpart(spec) if isinstance(spec, MatrixScanSpec) else None
+        kernel_spec = spec if other is None else other
         if tir_schedules.target_kind(self.target) == "cpu":
-            return tvm_wrap.cpu_primfunc(spec)
-        host = self.target.host or tvm.target.Target("llvm")
-        func, device = tvm_wrap.cuda_primfunc(spec, self.target, host)
-        self.device_modules.append(device)
-        return func
+            func = tvm_wrap.cpu_primfunc(kernel_spec)
+        else:
+            host = self.target.host or tvm.target.Target("llvm")
+            func, device = tvm_wrap.cuda_primfunc(kernel_spec, self.target, host)
+            self.device_modules.append(device)
+        return func if other is None else instance.retarget(func, spec)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)

@@ -77,29 +77,51 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     return (out, h) if return_last_state else out
 
 
-def matrix_scan(q, k, v, g=None, decay=None, h0=None, reverse=False, return_last_state=False):
+def matrix_scan(q, k, v, g=None, decay=None, h0=None, reverse=False, return_last_state=False,
+                A=None, dt_bias=None, dt_softplus=False, D=None, z=None, layout="time_major"):
     """The matrix-state recurrence of ``MatrixScanSpec`` in float64: per (batch, head)
     ``S = g_t * S + outer(k_t, v_t)`` (``g_t`` a scalar, a K-vector scaling rows or a V-vector
-    scaling columns, per ``decay``), ``o_t = q_t @ S``.  Arrays (B, H, L, .) broadcast on B and
-    H (``g`` also on L).  Returns ``o (B, H, L, V)`` or ``(o, S (B, H, K, V))``."""
-    arrays = [None if x is None else np.asarray(x) for x in (q, k, v, g, h0)]
-    spec = MatrixScanSpec.for_arrays(*arrays[:4], decay=decay, h0=arrays[4], reverse=reverse,
-                                     return_last_state=return_last_state, check_dtypes=False)
+    scaling columns, per ``decay``; with ``A`` the selective decay: ``g`` is dt, optionally
+    ``softplus(dt + dt_bias)``, ``S = exp(dt_t[v] * A[k, v]) * S + outer(k_t, dt_t * v_t)``),
+    ``o_t = (q_t @ S + D * v_t) * silu(z_t)`` (skip and gate when given).  Arrays in
+    ``layout`` (see the spec) broadcast on B and H (``g`` also on L).  Returns ``o`` or
+    ``(o, S)`` in that layout."""
+    arrays = {n: None if x is None else np.asarray(x) for n, x in
+              dict(q=q, k=k, v=v, g=g, h0=h0, A=A, dt_bias=dt_bias, D=D, z=z).items()}
+    spec = MatrixScanSpec.for_arrays(*(arrays[n] for n in "qkvg"), decay=decay, h0=arrays["h0"],
+                                     reverse=reverse, return_last_state=return_last_state,
+                                     check_dtypes=False, A=arrays["A"], dt_bias=arrays["dt_bias"],
+                                     dt_softplus=dt_softplus, D=arrays["D"], z=arrays["z"],
+                                     layout=layout)
+    if layout == "channel_major":   # to (B, H, L, .) and (B, H, K, V), and back at the end
+        arrays = {n: None if x is None else x if n in ("dt_bias", "D") else np.swapaxes(x, -1, -2)
+                  for n, x in arrays.items()}
+    x = {n: _f64(a) for n, a in arrays.items()}
     bh = (spec.batch, spec.heads)
-    q, k, v = (np.broadcast_to(_f64(x), bh + x.shape[2:]) for x in arrays[:3])
+    q, k, v = (np.broadcast_to(x[n], bh + x[n].shape[2:]) for n in "qkv")
     if g is not None:
-        g = np.broadcast_to(_f64(arrays[3]), bh + (spec.length, arrays[3].shape[-1]))
-    state = np.zeros(spec.state_shape) if h0 is None else _f64(h0).copy()
-    out = np.empty(spec.out_shape)
+        g = np.broadcast_to(x["g"], bh + (spec.length, x["g"].shape[-1]))
+    if spec.decay == "selective":
+        g = g + x["dt_bias"][None, :, None, :] if dt_bias is not None else g
+        g = softplus(g) if dt_softplus else g
+    state = np.zeros((spec.batch, spec.heads, spec.key, spec.value)) if h0 is None else x["h0"].copy()
+    out = np.empty((spec.batch, spec.heads, spec.length, spec.value))
     steps = range(spec.length - 1, -1, -1) if reverse else range(spec.length)
     for t in steps:
-        decay_t = 1.0
-        if spec.decay == "scalar":
-            decay_t = g[:, :, t, :, None]                # (B, H, 1, 1)
-        elif spec.decay == "key":
-            decay_t = g[:, :, t, :, None]                # (B, H, K, 1)
+        decay_t, v_t = 1.0, v[:, :, t]
+        if spec.decay in ("scalar", "key"):
+            decay_t = g[:, :, t, :, None]                # (B, H, 1 | K, 1)
         elif spec.decay == "value":
             decay_t = g[:, :, t, None, :]                # (B, H, 1, V)
-        state = apply((decay_t, k[:, :, t, :, None] * v[:, :, t, None, :]), state)
+        elif spec.decay == "selective":
+            decay_t = np.exp(g[:, :, t, None, :] * x["A"][None])    # (B, H, K, V)
+            v_t = g[:, :, t] * v_t
+        state = apply((decay_t, k[:, :, t, :, None] * v_t[:, :, None, :]), state)
         out[:, :, t] = np.einsum("bhk,bhkv->bhv", q[:, :, t], state)
+    if D is not None:
+        out = out + x["D"][None, :, None, :] * v
+    if z is not None:
+        out = out * x["z"] / (1.0 + np.exp(-x["z"]))
+    if layout == "channel_major":
+        out, state = np.swapaxes(out, -1, -2), np.swapaxes(state, -1, -2)
     return (out, state) if return_last_state else out

@@ -63,14 +63,13 @@ def _types(spec, dim):
 
 def _operand_dims(spec, operands):
     """Name -> the operands' own PrimExpr for each symbolic extent (b's or u's shape; for a
-    matrix scan, the first of q, k, v not broadcast over the batch), or None when that shape
-    is not known."""
-    if isinstance(spec, MatrixScanSpec):
-        shapes = [spec.q_shape, spec.k_shape, spec.v_shape]
-        pick = next((i for i, s in enumerate(shapes) if s[0] == spec.batch), None)
-        if pick is None:
-            return None if is_symbolic(spec.batch) else _dims_of(spec, operands[0], [None, None, spec.length])
-        return _dims_of(spec, operands[pick], [spec.batch, None, spec.length])
+    matrix scan, any operand's that has it), or None when that shape is not known."""
+    if isinstance(spec, MatrixScanSpec):    # every operand's buffer shape names its extents
+        dims = {}
+        for operand, shape in zip(operands, spec.operand_shapes().values()):
+            for name, value in (_dims_of(spec, operand, shape) or {}).items():
+                dims.setdefault(name, value)
+        return dims if set(dims) >= set(symbol_identifiers(spec)) else None
     source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
     extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
     return _dims_of(spec, source, extents)

@@ -2,9 +2,11 @@
 
 ``AffineScanSpec``: ``h_t = a_t * h_{t-1} + b_t`` along ``axis`` of ``b``; ``a`` broadcasts
 against ``b``; optional initial state ``h0`` (b's shape without the axis); ``reverse`` runs
-from the end.  ``SelectiveScanSpec``: Mamba's selective scan (see ``reference.selective_scan``).
-``MatrixScanSpec``: a matrix state per (batch, head), ``S_t = g_t * S_{t-1} + k_t v_t^T`` read
-out as ``o_t = q_t^T S_t`` (gated linear attention, retention, linear attention, Mamba-2).
+from the end.  ``MatrixScanSpec``: a matrix state per (batch, head), ``S_t = g_t * S_{t-1} +
+k_t v_t^T`` read out as ``o_t = q_t^T S_t`` (gated linear attention, retention, linear
+attention, Mamba-2, and with its selective decay Mamba-1).  ``SelectiveScanSpec``: Mamba's
+selective scan in its own operand names (see ``reference.selective_scan``), an instance of the
+matrix spec on the same bytes (``as_matrix``; back by ``MatrixScanSpec.as_selective``).
 Inputs may be float32/float16/bfloat16; every realization accumulates in float32 and writes
 outputs in the input dtype.  Constructors validate and raise ``ValueError`` naming the operand,
 so a bad shape never reaches TVM.
@@ -18,8 +20,8 @@ Each distinct name becomes one int64 ``tirx.Var`` named ``symbol_identifiers(spe
 import re
 from dataclasses import dataclass
 
-__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "DECAYS", "AffineScanSpec", "SelectiveScanSpec",
-           "MatrixScanSpec", "is_symbolic",
+__all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "DECAYS", "LAYOUTS", "SELECTIVE_AS_MATRIX",
+           "AffineScanSpec", "SelectiveScanSpec", "MatrixScanSpec", "is_symbolic",
            "symbol_name", "symbol_identifiers", "static_or"]
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -252,28 +254,69 @@ class SelectiveScanSpec:
             return (self.batch, self.groups, self.dstate, self.length)
         return (self.batch, self.dstate, self.length)
 
+    def buffer_shapes(self):
+        """``{name: shape}`` of every PrimFunc argument, in order (``tir_schedules/README.md``)."""
+        bdl, bdn = (self.batch, self.dim, self.length), (self.batch, self.dim, self.dstate)
+        shapes = {"u": bdl, "delta": bdl, "A": (self.dim, self.dstate), "B": self.bc_shape,
+                  "C": self.bc_shape, "D": (self.dim,) if self.has_D else None,
+                  "z": bdl if self.has_z else None,
+                  "delta_bias": (self.dim,) if self.has_delta_bias else None,
+                  "h0": bdn if self.has_h0 else None, "out": bdl,
+                  "last_state": bdn if self.return_last_state else None}
+        return {n: s for n, s in shapes.items() if s is not None}
 
-DECAYS = ("none", "scalar", "key", "value")
+    def as_matrix(self):
+        """This scan as the ``MatrixScanSpec`` it is an instance of, on the same buffers
+        reshaped (``SELECTIVE_AS_MATRIX`` names them): channel-major, one head per group of
+        channels (all channels one head without groups), K = N, V = channels per head, the
+        selective decay."""
+        heads = self.groups or 1
+        per_step = (self.batch, heads, self.length, self.dim // heads)
+        bc = (self.batch, heads if self.groups else 1, self.length, self.dstate)
+        return MatrixScanSpec.create(self.batch, heads, self.length, self.dstate, self.dim // heads,
+                                     bc, bc, per_step, "selective", per_step, False, self.has_h0,
+                                     self.dtype, self.return_last_state, "channel_major",
+                                     self.has_delta_bias, self.delta_softplus, self.has_D, self.has_z)
+
+
+DECAYS = ("none", "scalar", "key", "value", "selective")
+LAYOUTS = ("time_major", "channel_major")
+# a selective scan's operands and outputs -> the matrix scan's it becomes (same bytes, reshaped)
+SELECTIVE_AS_MATRIX = {"u": "v", "delta": "dt", "A": "A", "B": "k", "C": "q", "D": "D", "z": "z",
+                       "delta_bias": "dt_bias", "h0": "h0", "out": "o", "last_state": "last"}
+
+
+def _swap_last(shape):
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
 
 
 @dataclass(frozen=True)
 class MatrixScanSpec:
     """A matrix-valued affine recurrence, one (K, V) state per (batch, head)::
 
-        S_t = g_t * S_{t-1} + k_t v_t^T        o_t = q_t^T S_t   (a V-vector)
+        S_t = g_t * S_{t-1} + k_t v_t^T        o_t = (q_t^T S_t + D * v_t) * silu(z_t)
 
+    (a V-vector; the skip ``D * v_t`` with ``has_skip``, the gate with ``has_gate``).
     ``decay`` says what ``g_t`` varies over: ``"none"`` (1: linear attention), ``"scalar"``
     (one value per (batch, head, step): retention, simple GLA, Mamba-2's ``exp(dt*A)``),
-    ``"key"`` (``g_t[k]`` scales row k: GLA's ``exp(gk)``) or ``"value"`` (column v).  The
-    readout always contracts the key dim: a layer reading over its other dim is this spec with
-    K and V named the other way round (the matcher transposes the state).
+    ``"key"`` (``g_t[k]`` scales row k: GLA's ``exp(gk)``), ``"value"`` (column v) or
+    ``"selective"``: Mamba-1's discretization, ``g_t[k, v] = exp(dt_t[v] * A[k, v])`` and the
+    input ``k_t (dt_t * v_t)^T``, computed in the kernel from ``dt`` (…, V) and ``A`` (H, K, V)
+    (a full decay that is never materialized), ``dt`` optionally ``softplus(dt + dt_bias)``.
+    The readout always contracts the key dim: a layer reading over its other dim is this spec
+    with K and V named the other way round (the matcher transposes the state).
 
-    Operands, all in (B, H, L, .) layout: ``q``, ``k`` (…, K), ``v`` (…, V), ``g`` (…, K | V | 1)
-    when there is a decay, ``h0`` (B, H, K, V) when ``has_h0``.  Their shapes (``q_shape`` …)
-    may be 1 on B and H (a tensor shared across heads, e.g. Mamba-2's B and C) and ``g``'s
-    also on L (a constant decay, e.g. retention's gamma); each entry is 1 or the full extent.
-    Outputs: ``o`` (B, H, L, V) and, with ``return_last_state``, S after the last step
-    (B, H, K, V), both in ``dtype``; the state is kept in float32.  ``reverse`` runs from the end.
+    Shapes below are *logical*, (B, H, L, .): ``q``, ``k`` (…, K), ``v`` (…, V), ``g`` (…, K | V
+    | 1; ``dt`` under the selective decay, (…, V)), ``z`` (B, H, L, V), ``h0`` (B, H, K, V); the
+    float32 parameters ``A`` (H, K, V), ``dt_bias`` and ``D`` (H, V).  ``q_shape`` … may be 1 on
+    B and H (a tensor shared across heads, e.g. Mamba's B and C) and ``g``'s also on L (a
+    constant decay, e.g. retention's gamma); each entry is 1 or the full extent.  ``layout``
+    says how they lie in memory: ``"time_major"`` as written, or ``"channel_major"`` (Mamba's
+    (B, D, L) layout): every per-step operand and ``o`` (B, H, ., L), the state (B, H, V, K),
+    ``A`` (H, V, K) — so a ``SelectiveScanSpec`` is this spec on its own buffers reshaped
+    (``SelectiveScanSpec.as_matrix``).  ``operand_shapes``, ``out_shape`` and ``state_shape``
+    are the buffers' shapes.  Outputs: ``o`` and, with ``return_last_state``, S after the last
+    step, both in ``dtype``; the state is kept in float32.  ``reverse`` runs from the end.
     ``batch`` and ``length`` may be symbolic (names); the other extents are ints."""
 
     batch: object            # int or str
@@ -290,14 +333,20 @@ class MatrixScanSpec:
     has_h0: bool = False
     dtype: str = "float32"
     return_last_state: bool = False
+    layout: str = "time_major"
+    has_dt_bias: bool = False
+    dt_softplus: bool = False
+    has_skip: bool = False
+    has_gate: bool = False
 
     @classmethod
     def create(cls, batch, heads, length, key, value, q_shape=None, k_shape=None, v_shape=None,
                decay="none", g_shape=None, reverse=False, has_h0=False, dtype="float32",
-               return_last_state=False):
-        """Validate and normalize (operand shapes default to the full ones)."""
+               return_last_state=False, layout="time_major", has_dt_bias=False,
+               dt_softplus=False, has_skip=False, has_gate=False):
+        """Validate and normalize (logical operand shapes default to the full ones)."""
         full_k, full_v = (batch, heads, length, key), (batch, heads, length, value)
-        g_last = {"none": None, "scalar": 1, "key": key, "value": value}
+        g_last = {"none": None, "scalar": 1, "key": key, "value": value, "selective": value}
         if decay not in DECAYS:
             raise ValueError(f"decay: {decay!r} is not one of {DECAYS}")
         g_full = () if decay == "none" else (batch, heads, length, g_last[decay])
@@ -305,7 +354,8 @@ class MatrixScanSpec:
                    tuple(full_k if q_shape is None else q_shape), tuple(full_k if k_shape is None else k_shape),
                    tuple(full_v if v_shape is None else v_shape), decay,
                    tuple(g_full if g_shape is None else g_shape), bool(reverse), bool(has_h0),
-                   dtype, bool(return_last_state))
+                   dtype, bool(return_last_state), layout, bool(has_dt_bias), bool(dt_softplus),
+                   bool(has_skip), bool(has_gate))
 
     def __post_init__(self):
         for name in ("batch", "heads", "length", "key", "value"):
@@ -314,11 +364,16 @@ class MatrixScanSpec:
                 raise ValueError(f"{name}: must be a positive int (only batch and length may be symbolic)")
         if self.decay not in DECAYS:
             raise ValueError(f"decay: {self.decay!r} is not one of {DECAYS}")
-        last = {"scalar": 1, "key": self.key, "value": self.value}.get(self.decay)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: {self.layout!r} is not one of {LAYOUTS}")
+        if (self.has_dt_bias or self.dt_softplus) and self.decay != "selective":
+            raise ValueError("dt_bias, dt_softplus: only the selective decay has a dt")
+        last = {"scalar": 1, "key": self.key, "value": self.value, "selective": self.value}.get(self.decay)
         shapes = {"q": (self.q_shape, self.key, False), "k": (self.k_shape, self.key, False),
                   "v": (self.v_shape, self.value, False)}
         if self.decay != "none":
-            shapes["g"] = (self.g_shape, last, True)
+            shapes["dt" if self.decay == "selective" else "g"] = (self.g_shape, last,
+                                                                  self.decay != "selective")
         elif self.g_shape:
             raise ValueError(f"g: decay 'none' takes no g, got shape {self.g_shape}")
         for name, (shape, inner, time_may_broadcast) in shapes.items():
@@ -337,52 +392,110 @@ class MatrixScanSpec:
         """True when batch or length is known only at call time."""
         return is_symbolic(self.batch) or is_symbolic(self.length)
 
+    def _lay(self, shape):
+        """A logical (…, L|K, X) shape as it lies in memory."""
+        return _swap_last(shape) if self.layout == "channel_major" else tuple(shape)
+
     @property
     def state_shape(self):
-        return (self.batch, self.heads, self.key, self.value)
+        """h0's and the last state's buffer shape: (B, H, K, V), channel-major (B, H, V, K)."""
+        return self._lay((self.batch, self.heads, self.key, self.value))
 
     @property
     def out_shape(self):
-        return (self.batch, self.heads, self.length, self.value)
+        """o's buffer shape: (B, H, L, V), channel-major (B, H, V, L)."""
+        return self._lay((self.batch, self.heads, self.length, self.value))
 
     def operand_names(self):
         """The PrimFunc's inputs, in order."""
-        return ["q", "k", "v"] + (["g"] if self.decay != "none" else []) + (["h0"] if self.has_h0 else [])
+        decay = {"none": [], "selective": ["dt", "A"]}.get(self.decay, ["g"])
+        return (["q", "k", "v"] + decay + (["dt_bias"] if self.has_dt_bias else []) +
+                (["D"] if self.has_skip else []) + (["z"] if self.has_gate else []) +
+                (["h0"] if self.has_h0 else []))
+
+    def logical_shapes(self):
+        """``{name: (B, H, L, .) shape}`` of the inputs (parameters at theirs)."""
+        shapes = {"q": self.q_shape, "k": self.k_shape, "v": self.v_shape, "g": self.g_shape,
+                  "dt": self.g_shape, "A": (self.heads, self.key, self.value),
+                  "dt_bias": (self.heads, self.value), "D": (self.heads, self.value),
+                  "z": (self.batch, self.heads, self.length, self.value),
+                  "h0": (self.batch, self.heads, self.key, self.value)}
+        return {n: shapes[n] for n in self.operand_names()}
 
     def operand_shapes(self):
-        """``{name: shape}`` of the inputs (``h0`` at the state's shape)."""
-        shapes = {"q": self.q_shape, "k": self.k_shape, "v": self.v_shape, "g": self.g_shape,
-                  "h0": self.state_shape}
-        return {n: shapes[n] for n in self.operand_names()}
+        """``{name: buffer shape}`` of the inputs, in order."""
+        return {n: s if n in ("dt_bias", "D") else self._lay(s) for n, s in self.logical_shapes().items()}
+
+    def buffer_shapes(self):
+        """``{name: shape}`` of every PrimFunc argument, in order: the inputs, ``o``, ``last``."""
+        return {**self.operand_shapes(), "o": self.out_shape,
+                **({"last": self.state_shape} if self.return_last_state else {})}
+
+    def operand_dtypes(self):
+        """``{name: dtype}``: the parameters ``A``, ``dt_bias``, ``D`` are float32."""
+        return {n: "float32" if n in ("A", "dt_bias", "D") else self.dtype for n in self.operand_names()}
+
+    def as_selective(self):
+        """The ``SelectiveScanSpec`` this spec is on the same bytes, or None.  That needs Mamba's
+        form: selective decay, channel-major, forward, B and C (k and q) per head (groups) or
+        shared by all, every other operand per (batch, head)."""
+        full_b = (self.batch, self.heads)
+        if self.decay != "selective" or self.layout != "channel_major" or self.reverse:
+            return None
+        if self.k_shape != self.q_shape or self.k_shape[0] != self.batch or \
+                self.v_shape[:2] != full_b or self.g_shape[:2] != full_b:
+            return None
+        groups = self.heads if self.k_shape[1] == self.heads and self.heads > 1 else 0
+        return SelectiveScanSpec(self.batch, self.heads * self.value, self.length, self.key, groups,
+                                 self.has_skip, self.has_gate, self.has_dt_bias, self.dt_softplus,
+                                 self.has_h0, self.dtype, self.return_last_state)
 
     @classmethod
     def for_arrays(cls, q, k, v, g=None, decay=None, h0=None, reverse=False, return_last_state=False,
-                   check_dtypes=True):
-        """The spec of concrete arrays (B, H, L, .), checked; ``decay`` is read from ``g``'s
-        last dim when not given (K: "key", V: "value", 1: "scalar"; ambiguous when K == V).
-        Without ``check_dtypes`` (the float64 reference) the spec says float32."""
+                   check_dtypes=True, A=None, dt_bias=None, dt_softplus=False, D=None, z=None,
+                   layout="time_major"):
+        """The spec of concrete arrays (their buffer shapes in ``layout``), checked; ``decay``
+        is "selective" with ``A`` (``g`` is then dt), else read from ``g``'s last dim when not
+        given (K: "key", V: "value", 1: "scalar"; ambiguous when K == V).  Without
+        ``check_dtypes`` (the float64 reference) the spec says float32."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
         if len(q.shape) != 4 or len(v.shape) != 4:
-            raise ValueError(f"q, v: expected (B, H, L, .) arrays, got {tuple(q.shape)}, {tuple(v.shape)}")
-        shapes = [tuple(int(n) for n in x.shape) for x in (q, k, v)]
+            raise ValueError(f"q, v: expected 4-d arrays, got {tuple(q.shape)}, {tuple(v.shape)}")
+        lay = _swap_last if layout == "channel_major" else tuple
+        shapes = [lay(tuple(int(n) for n in x.shape)) for x in (q, k, v)]
         batch = max(s[0] for s in shapes)
         heads = max(s[1] for s in shapes)
         length, key, value = shapes[0][2], shapes[0][3], shapes[2][3]
         g_shape = None
+        if A is not None:
+            decay = "selective"
         if g is None:
             decay = "none"
         else:
-            g_shape = tuple(int(n) for n in g.shape)
+            g_shape = lay(tuple(int(n) for n in g.shape))
             if decay is None:
                 decay = {1: "scalar", key: "key", value: "value"}.get(g_shape[-1] if g_shape else 0)
                 if key == value and g_shape and g_shape[-1] == key and key != 1:
                     raise ValueError("g: its last dim is both K and V; say decay='key' or 'value'")
             if decay is None:
                 raise ValueError(f"g: shape {g_shape} is not a decay over (B, H, L, K | V | 1)")
-        if h0 is not None and tuple(h0.shape) != (batch, heads, key, value):
-            raise ValueError(f"h0: expected shape {(batch, heads, key, value)}, got {tuple(h0.shape)}")
         dtype = str(q.dtype) if check_dtypes else "float32"
-        for name, x in (("k", k), ("v", v), ("g", g), ("h0", h0)):
-            if check_dtypes and x is not None and str(x.dtype) != dtype:
-                raise ValueError(f"{name}: dtype {x.dtype} differs from q's {dtype}")
-        return cls.create(batch, heads, length, key, value, *shapes, decay, g_shape, reverse,
-                          h0 is not None, dtype, return_last_state)
+        spec = cls.create(batch, heads, length, key, value, *shapes, decay, g_shape, reverse,
+                          h0 is not None, dtype, return_last_state, layout, dt_bias is not None,
+                          dt_softplus, D is not None, z is not None)
+        given = {"q": q, "k": k, "v": v, "g": g, "dt": g, "A": A, "dt_bias": dt_bias, "D": D,
+                 "z": z, "h0": h0}
+        if spec.decay == "selective" and A is None:
+            raise ValueError("A: the selective decay needs A")
+        for name, shape in spec.operand_shapes().items():
+            x = given[name]
+            if name not in "qkv" and tuple(x.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(x.shape)}")
+            if check_dtypes and str(x.dtype) != spec.operand_dtypes()[name]:
+                raise ValueError(f"{name}: dtype {x.dtype} is not {spec.operand_dtypes()[name]}")
+        for name in ("A", "dt_bias", "D", "z", "h0"):
+            if given[name] is not None and name not in spec.operand_names():
+                raise ValueError(f"{name}: this spec takes no {name}")
+        return spec
+

@@ -2,15 +2,17 @@
 
 Each realization is a module (``NAME``, ``TARGET``, ``FORM``, ``applies``, ``default_config``,
 ``generate``).  ``realize`` picks one for a spec and a target the way DLight picks rules: the
-first that applies, in order of preference, unless a schedule is named.
+first that applies, in order of preference, unless a schedule is named.  A spec with a
+counterpart on the same bytes (``instance``: a selective scan and its matrix-scan instance)
+may also be realized by the counterpart's kernels.
 """
 import tvm
 
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, static_or
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
-from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, matrix_cpu, matrix_gpu, selective_cpu,
-               selective_gpu)
+from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu,
+               selective_cpu, selective_gpu)
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu, matrix_cpu, matrix_gpu)}
@@ -26,7 +28,7 @@ def target_kind(target):
     raise ValueError(f"target: kind {kind!r} is not supported (use llvm or cuda)")
 
 
-def _preferred(spec, kind):
+def _native(spec, kind):
     form = ("affine" if isinstance(spec, AffineScanSpec) else
             "matrix" if isinstance(spec, MatrixScanSpec) else "selective")
     names = [n for n, m in REALIZATIONS.items() if m.TARGET == kind and m.FORM == form and m.applies(spec)]
@@ -38,22 +40,38 @@ def _preferred(spec, kind):
     return names
 
 
+def _candidates(spec, kind):
+    """``[(realization name, the spec it is generated for)]`` in order of preference: the
+    spec's own realizations, then those of its counterpart on the same bytes (a selective
+    scan and its matrix-scan instance, ``instance.counterpart``)."""
+    own = [(n, spec) for n in _native(spec, kind)]
+    other = instance.counterpart(spec)
+    return own + ([(n, other) for n in _native(other, kind)] if other is not None else [])
+
+
+def _preferred(spec, kind):
+    return [name for name, _ in _candidates(spec, kind)]
+
+
 def realize(spec, target="llvm", schedule=None, **config):
     """The scheduled PrimFunc ``scanweaver_scan`` for ``spec`` on ``target``.
 
-    ``schedule`` names a realization (see ``REALIZATIONS``); ``config`` overrides its defaults.
+    ``schedule`` names a realization (see ``REALIZATIONS``), of the spec's form or of its
+    counterpart's (then generated for that and re-declared on this spec's buffers);
+    ``config`` overrides its defaults.
     """
     kind = target_kind(target)
+    candidates = dict(_candidates(spec, kind))          # name -> the spec it is generated for
     if schedule is None:
-        names = _preferred(spec, kind)
-        if not names:
+        if not candidates:
             raise ValueError(f"spec: no {kind} realization applies to {spec}")
-        schedule = names[0]
-    module = REALIZATIONS.get(schedule)
-    if module is None or module.TARGET != kind or not module.applies(spec):
+        schedule = _preferred(spec, kind)[0]
+    if schedule not in candidates:
         raise ValueError(f"schedule: {schedule!r} is not a {kind} realization of this spec; "
                          f"choose from {_preferred(spec, kind)}")
-    return module.generate(spec, **{**module.default_config(spec), **config})
+    module, generated_for = REALIZATIONS[schedule], candidates[schedule]
+    func = module.generate(generated_for, **{**module.default_config(generated_for), **config})
+    return func if generated_for is spec else instance.retarget(func, spec)
 
 
 def build(spec, target="llvm", schedule=None, **config):

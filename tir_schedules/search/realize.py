@@ -37,9 +37,13 @@ class Choice:
 
 
 def default_choice(spec, target):
-    """The choice ``tir_schedules.realize(spec, target)`` makes without tuning."""
+    """The choice ``tir_schedules.realize(spec, target)`` makes without tuning (the first of
+    the spec's own realizations: the space holds no borrowed one)."""
     kind = tir_schedules.target_kind(target)
-    name = tir_schedules._preferred(spec, kind)[0]  # noqa: SLF001 (realize's own preference)
+    own = tir_schedules._native(spec, kind)  # noqa: SLF001 (realize's own preference)
+    if not own:
+        raise ValueError(f"spec: no {kind} realization of its own form to tune for {spec}")
+    name = own[0]
     config = tir_schedules.REALIZATIONS[name].default_config(spec)
     return Choice(spec, name, tuple(sorted((k, int(v)) for k, v in config.items())))
 
