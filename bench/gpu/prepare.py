@@ -4,7 +4,10 @@
 
 One ``NAME.cu`` (TVM's CUDA source) + ``NAME.json`` (format ``scanweaver-gpu/1``, see
 README.md) per (realization, shape); for the MLIR realization ``NAME.ptx`` + ``NAME.json``.  Launch geometry and scratch buffers are read off the
-PrimFunc; argument order off each kernel's C signature.
+PrimFunc; argument order off each kernel's C signature.  The selective shape is also written
+for ``matrix_gpu``, Mamba-1 as the matrix scan it is on the same bytes
+(``SelectiveScanSpec.as_matrix``): a ``selective`` manifest whose buffers keep the selective
+names and shapes, so the GPU run checks and times it next to ``selective_gpu``.
 """
 import argparse
 import dataclasses
@@ -16,7 +19,7 @@ import tvm_ffi
 from tvm import tirx
 
 import tir_schedules
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import SELECTIVE_AS_MATRIX, AffineScanSpec, SelectiveScanSpec
 from tir_schedules import cuda_check
 
 from ..scan import PLAIN_SHAPE, SELECTIVE_SHAPE, SWEEP
@@ -66,10 +69,16 @@ def _buffers(spec, func):
 
 
 def artifact(spec, realization, out_dir, name):
-    """Write ``name.cu`` and ``name.json`` for one realization of ``spec``."""
-    module = tir_schedules.REALIZATIONS[realization]
-    config = module.default_config(spec)
-    func = module.generate(spec, **config)
+    """Write ``name.cu`` and ``name.json`` for one realization of ``spec``.  A matrix
+    realization of a ``SelectiveScanSpec`` is generated for ``spec.as_matrix()`` and
+    re-declared on the selective buffers (``instance.retarget``); its kernel's parameters keep
+    the matrix names, read back through ``SELECTIVE_AS_MATRIX``."""
+    borrowed = tir_schedules.REALIZATIONS[realization].FORM == "matrix" and \
+        isinstance(spec, SelectiveScanSpec)
+    config = tir_schedules.REALIZATIONS[realization].default_config(
+        spec.as_matrix() if borrowed else spec)
+    func = tir_schedules.realize(spec, "cuda", schedule=realization)
+    rename = {m: s for s, m in SELECTIVE_AS_MATRIX.items()} if borrowed else {}
     source = cuda_check.cuda_source(func)
     buffers = _buffers(spec, func)
     known = {b["name"] for b in buffers}
@@ -82,6 +91,7 @@ def artifact(spec, realization, out_dir, name):
         args = []
         for p in filter(None, (s.strip() for s in params.split(","))):
             pname = p.split()[-1].removesuffix("_ptr").removesuffix("_view")
+            pname = rename.get(pname, pname)
             if pname not in known:
                 raise RuntimeError(f"{name}: kernel {symbol} parameter {p!r} is not a known buffer")
             args.append(pname)
@@ -141,6 +151,8 @@ def main(argv=None):
             print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
     sel = SelectiveScanSpec(b, d, l, n, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
     m = artifact(sel, "selective_gpu", out, f"selective_{b}x{d}x{l}x{n}")
+    print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
+    m = artifact(sel, "matrix_gpu", out, f"selective_matrix_gpu_{b}x{d}x{l}x{n}")
     print(f"wrote {m['name']}: {len(m['launches'])} launch(es)")
     for shape in plain:
         m = mlir_artifact(AffineScanSpec.create(shape), out, f"plain_mlir_{'x'.join(map(str, shape))}")
