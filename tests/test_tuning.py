@@ -35,6 +35,9 @@ MATRIX = MatrixScanSpec.create(2, 3, 37, 5, 7, decay="key", reverse=True, has_h0
                                q_shape=(1, 3, 37, 5), return_last_state=True)
 MATRIX_VALUE = MatrixScanSpec.create(2, 3, 37, 5, 7, decay="value", g_shape=(2, 1, 1, 7),
                                      dtype="float16")
+MATRIX_SELECTIVE = SelectiveScanSpec(2, 6, 37, 3, 3, has_D=True, has_z=True, has_delta_bias=True,
+                                     delta_softplus=True, has_h0=True,
+                                     return_last_state=True).as_matrix()   # Mamba-1, groups
 SPECS = {"affine": AFFINE, "selective": SELECTIVE, "matrix": MATRIX}
 CHECKS = {"affine": check_plain, "selective": check_selective, "matrix": check_matrix}
 # the benchmark shapes (bench/matrix.py): GLA-like key decay, Mamba-2-like scalar decay
@@ -73,8 +76,8 @@ def test_space_covers_every_knob(name):
     assert annotated == {"scanweaver.schedule"} | {f"scanweaver.{k}" for k in values}
 
 
-@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE],
-                         ids=["affine", "selective", "matrix", "matrix_value"])
+@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE, MATRIX_SELECTIVE],
+                         ids=["affine", "selective", "matrix", "matrix_value", "matrix_selective"])
 def test_workloads_are_correct_scans(spec):
     mod = search.workload_module(spec)
     kernel = tvm.compile(mod, target="llvm").mod["main"]
@@ -89,7 +92,7 @@ def test_workloads_are_correct_scans(spec):
 def test_sampled_cpu_decisions_give_correct_kernels(seed):
     rng = np.random.default_rng(seed)
     host = tir_schedules.host_target()
-    for spec in (AFFINE, SELECTIVE, MATRIX):
+    for spec in (AFFINE, SELECTIVE, MATRIX, MATRIX_SELECTIVE):
         for mod in sampled(spec, "llvm", seed):
             CHECKS[search.form_of(spec)](search.build_candidate(mod, host)["main"], spec, rng)
 

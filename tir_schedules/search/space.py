@@ -74,12 +74,14 @@ def _selective_gpu(spec):
 def _matrix_cpu(spec):
     # V tiles and register blocks (lanes) of powers of two up to V's, blocks of at most 16
     # rows and 4 readout sums (past K the kernel clamps them to K), time tiles of 8 .. 128
-    # steps up to the first one holding all of L, rescaled pieces up to the longest tile
+    # steps up to the first one holding all of L, rescaled pieces up to the longest tile (the
+    # selective decay has none: only 0)
     v_cap, tiles = _ceil_pow2(spec.value), [t for t in _pow2(8, 128) if t < spec.length]
     tiles += [t for t in [_ceil_pow2(spec.length)] if t <= 128]
     return {"vtile": _pow2(4, v_cap), "lanes": _pow2(4, min(64, v_cap)),
             "rows": _pow2(1, min(16, spec.key)), "parts": _pow2(1, min(4, spec.key)),
-            "tile": tiles, "chunk": [0] + _pow2(4, min(64, max(tiles))) if spec.decay != "none" else [],
+            "tile": tiles, "chunk": {"none": [], "selective": [0]}.get(
+                spec.decay, [0] + _pow2(4, min(64, max(tiles)))),
             "prefetch": [0, 1], "locality": [1, 2, 3]}
 
 
@@ -99,7 +101,7 @@ def _matrix_cpu_rule(spec, k):
         return f"vtile {k['vtile']} is not a multiple of lanes {k['lanes']}"
     if k["parts"] > rows:
         return f"parts {k['parts']} > rows {rows}"
-    if spec.decay != "none" and k["chunk"] > k["tile"]:
+    if spec.decay in tir_schedules.matrix_cpu.RESCALABLE and k["chunk"] > k["tile"]:
         return f"chunk {k['chunk']} > tile {k['tile']}"
     if not k["prefetch"] and k["locality"] != _default("matrix_cpu", spec)["locality"]:
         return "locality without prefetch"
@@ -108,15 +110,17 @@ def _matrix_cpu_rule(spec, k):
 
 def _matrix_gpu_rule(spec, k):
     """None, or the limit broken: ``generate``'s threads <= 1024, 48 KB of static shared
-    memory, or registers: a thread holds its prefetched operands and state rows (plus ~32
-    working registers) in at most 255 registers and 64K per block."""
+    memory, or registers: a thread holds its prefetched operands and state rows (and A's rows
+    under the selective decay; plus ~32 working registers) in at most 255 registers and 64K
+    per block."""
     threads = k["v_tile"] * k["col_threads"]
     if threads > 1024:
         return f"{threads} threads > 1024"
     items, shared = tir_schedules.matrix_gpu.footprint(spec, k["v_tile"], k["col_threads"], k["t_tile"])
     if shared > SMEM_LIMIT:
         return f"{shared} bytes of shared memory > {SMEM_LIMIT}"
-    regs = items + -(-spec.key // k["col_threads"]) + 32
+    rows = -(-spec.key // k["col_threads"])
+    regs = items + rows * (2 if spec.decay == "selective" else 1) + 32   # selective: A's rows too
     if regs > min(255, 65536 // threads):
         return f"~{regs} registers per thread > {min(255, 65536 // threads)}"
     return None

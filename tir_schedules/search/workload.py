@@ -174,25 +174,34 @@ def _selective(spec):
 
 def _matrix(spec):
     """One block per (batch, head, state column c): the K-vector S[:, c] and its readout
-    sum_i q[i] S[i, c] (o_t[c] = q_t^T S_t[:, c]); operands broadcast on B, H (g also on L)
-    are read at index 0 there."""
+    sum_i q[i] S[i, c] (o_t[c] = q_t^T S_t[:, c]), then the skip ``+ D[c] v[c]`` and the gate
+    ``* silu(z[c])``; the selective decay is ``exp(dt'[c] A[i, c])`` with the input
+    ``k[i] dt'[c] v[c]``, dt' = softplus(dt + dt_bias) (each optional).  Indices are logical,
+    (b, h, t, .); operands broadcast on B, H (g also on L) are read at index 0 there, and a
+    channel-major buffer swaps its last two."""
     dt, heads, n_k, n_v = spec.dtype, spec.heads, spec.key, spec.value
-    shapes = {**spec.operand_shapes(), "o": spec.out_shape}
-    if spec.return_last_state:
-        shapes["last"] = spec.state_shape
+    shapes = spec.buffer_shapes()
+    dtypes = {**spec.operand_dtypes(), "o": dt, "last": dt}
+    logical = {**spec.logical_shapes(), "o": (spec.batch, heads, spec.length, n_v),
+               "last": (spec.batch, heads, n_k, n_v)}
     lanes = spec.batch * heads * n_v
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
             T.func_name("main")
             T.func_attr({"tirx.noalias": True, SPEC_ATTR: spec_to_json(spec)})
-            bufs = {name: T.arg(name, T.buffer(shape, dt)) for name, shape in shapes.items()}
+            bufs = {name: T.arg(name, T.buffer(shape, dtypes[name])) for name, shape in shapes.items()}
+
+            def at(name, index):
+                index = [0 if n == 1 else i for n, i in zip(logical[name], index)]
+                swap = spec.layout == "channel_major" and name not in ("dt_bias", "D")
+                return index[:-2] + index[:-3:-1] if swap else index
 
             def load(name, *index):
-                full = shapes[name]
-                return _f32(bufs[name][tuple(0 if n == 1 else i for n, i in zip(full, index))], dt)
+                return _f32(bufs[name][tuple(at(name, index))], dtypes[name])
 
             def store(name, value, index):
-                T.buffer_store(bufs[name], value if dt == F32 else tirx.Cast(dt, value), index)
+                T.buffer_store(bufs[name], value if dt == F32 else tirx.Cast(dt, value),
+                               at(name, index))
 
             with T.sblock("root"):
                 with T.serial(0, lanes) as lane:
@@ -200,18 +209,36 @@ def _matrix(spec):
                         vl = T.axis.spatial(lanes, lane)
                         bi, hi, c = vl // (heads * n_v), vl // n_v % heads, vl % n_v
                         state = T.sblock_alloc_buffer((n_k,), F32, scope="local")
-                        y = T.sblock_alloc_buffer((1,), F32, scope="local")
+                        y = T.sblock_alloc_buffer((3,), F32, scope="local")   # o, dt', z
                         with T.serial(0, n_k) as i:
                             T.buffer_store(state, load("h0", bi, hi, i, c) if spec.has_h0 else
                                            tirx.const(0.0, F32), [i])
                         with T.serial(0, spec.length) as s:
                             t = spec.length - 1 - s if spec.reverse else s
                             T.buffer_store(y, tirx.const(0.0, F32), [0])
+                            v_t = load("v", bi, hi, t, c)
+                            if spec.decay == "selective":
+                                x = load("dt", bi, hi, t, c)
+                                T.buffer_store(y, x + load("dt_bias", hi, c) if spec.has_dt_bias
+                                               else x, [1])
+                                if spec.dt_softplus:
+                                    T.buffer_store(y, tirx.max(y[1], 0.0) +
+                                                   T.log1p(T.exp(-tirx.abs(y[1]))), [1])
                             with T.serial(0, n_k) as i:
                                 g_at = {"scalar": 0, "key": i, "value": c}.get(spec.decay)
-                                old = state[i] if g_at is None else load("g", bi, hi, t, g_at) * state[i]
-                                T.buffer_store(state, old + load("k", bi, hi, t, i) * load("v", bi, hi, t, c), [i])
+                                if spec.decay == "selective":
+                                    decay = T.exp(y[1] * load("A", hi, i, c))
+                                    old, kv = decay * state[i], load("k", bi, hi, t, i) * (y[1] * v_t)
+                                else:
+                                    old = state[i] if g_at is None else load("g", bi, hi, t, g_at) * state[i]
+                                    kv = load("k", bi, hi, t, i) * v_t
+                                T.buffer_store(state, old + kv, [i])
                                 T.buffer_store(y, y[0] + load("q", bi, hi, t, i) * state[i], [0])
+                            if spec.has_skip:
+                                T.buffer_store(y, y[0] + load("D", hi, c) * v_t, [0])
+                            if spec.has_gate:
+                                T.buffer_store(y, load("z", bi, hi, t, c), [2])
+                                T.buffer_store(y, y[0] * y[2] / (1.0 + T.exp(-y[2])), [0])
                             store("o", y[0], [bi, hi, t, c])
                         if spec.return_last_state:
                             with T.serial(0, n_k) as i:
