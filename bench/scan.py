@@ -3,7 +3,8 @@
     python -m bench.scan [--quick] [--only plain|selective|sweep] [--out bench/out]
 
 Plain affine scan at (1, 1536, 1024), an L sweep 128..65536, and the selective scan at
-(1, 1536, 1024, N=16).  Every method is checked once against the float64 reference, then
+(1, 1536, 1024, N=16), the latter also by the matrix-state kernel (Mamba-1 as an instance of
+``MatrixScanSpec``, same arrays).  Every method is checked once against the float64 reference, then
 timed (median of repeats, ms).  Writes ``scan.json`` and ``scan.md`` into ``--out``.
 Our TVM realizations come in through ``ours()``; their rows are skipped with a note while
 ``tir_schedules.build`` does not exist.
@@ -30,16 +31,19 @@ TOL = 1e-4                                             # max rel. error vs the f
 SELECTIVE_ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 OURS = "ours (TVM)"
 OURS_MLIR = "ours (MLIR CPU route)"
+OURS_MATRIX = "ours (as matrix scan)"     # the matrix-state kernel on the same bytes
 
 # run() -> output; timer() -> {"ms", "min_ms", "n"}, or None to time run() with time_ms.
 Method = namedtuple("Method", "run timer", defaults=(None,))
 
 
-def ours(spec_kind, arrays, realization="tir"):
+def ours(spec_kind, arrays, realization="tir", schedule=None):
     """Our realization of ``spec_kind`` ("plain" or "selective") as a ``Method``, or a string
     saying why it is unavailable.  Plain ``arrays`` is ``(a, b)``, selective a dict.
     ``realization``: "tir" (TensorIR schedule) or "mlir" (the MLIR bridge's CPU route, linked
-    into a TVM module the same way ``sw.compile(..., realization="mlir")`` does)."""
+    into a TVM module the same way ``sw.compile(..., realization="mlir")`` does); ``schedule``
+    names a TIR realization (``"matrix_cpu"``: the selective scan as its matrix-scan
+    instance, ``SelectiveScanSpec.as_matrix``, on the same arrays)."""
     try:
         import tir_schedules
         build = tir_schedules.build
@@ -60,7 +64,7 @@ def ours(spec_kind, arrays, realization="tir"):
                                             delta_bias=arrays["delta_bias"], delta_softplus=True)
         host = [arrays[k] for k in SELECTIVE_ARGS] + [np.empty_like(arrays["u"])]
     try:
-        mod = build(spec, target="llvm")
+        mod = build(spec, target="llvm", **({"schedule": schedule} if schedule else {}))
     except NotImplementedError as e:
         return f"tir_schedules.build has no {spec_kind} CPU realization ({e})"
     if not hasattr(mod, "time_evaluator"):              # a tvm.compile Executable
@@ -137,6 +141,7 @@ def selective_row(shape, bandwidth, notes, budget_s):
     methods = {name: (lambda f=f: Method(f(x))) for name, f in anchors.SELECTIVE.items()}
     methods[OURS] = lambda: ours("selective", x)
     methods[OURS_MLIR] = lambda: ours("selective", x, "mlir")
+    methods[OURS_MATRIX] = lambda: ours("selective", x, schedule="matrix_cpu")
     return _row(shape, anchors.selective_bytes(x), bandwidth, methods, ref, notes, budget_s)
 
 
@@ -151,6 +156,8 @@ def _ratios(row):
     out = {"vs memory floor": mine / row["floor_ms"]}
     if OURS_MLIR in ms:
         out["MLIR route / TIR"] = ms.pop(OURS_MLIR) / mine
+    if OURS_MATRIX in ms:
+        out["as matrix scan / TIR"] = ms.pop(OURS_MATRIX) / mine
     out.update({f"speedup vs {k}": v / mine for k, v in ms.items()})
     return out
 

@@ -195,9 +195,12 @@ def _spec_line(function, var, spec, origin):
     from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, symbol_name
 
     if isinstance(spec, MatrixScanSpec):
+        extras = "".join(f" {name}" for name, on in (
+            ("channel-major", spec.layout == "channel_major"), ("skip", spec.has_skip),
+            ("gate", spec.has_gate)) if on)
         return (f"{'matrix':<9} L={symbol_name(spec.length):<5} batch={spec.batch} heads={spec.heads} "
-                f"K={spec.key} V={spec.value} decay={spec.decay} {'reverse' if spec.reverse else 'forward'} "
-                f"{spec.dtype}  in {function} ({var}: {origin})")
+                f"K={spec.key} V={spec.value} decay={spec.decay}{extras} "
+                f"{'reverse' if spec.reverse else 'forward'} {spec.dtype}  in {function} ({var}: {origin})")
     if isinstance(spec, AffineScanSpec):
         shape = "x".join(str(d) for d in spec.state_shape) or "scalar"
         direction = "reverse" if spec.reverse else "forward"

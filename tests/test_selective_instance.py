@@ -178,30 +178,41 @@ def test_selective_kernel_serves_the_matrix_instance(dtype, options):
         assert_close(g.reshape(w.shape), w, dtype, name)
 
 
-def test_symbolic_instance_through_lower_scans():
-    """A ``scanweaver.matrix_scan`` of the instance with symbolic batch and L, lowered and
-    compiled once, is right at several sizes."""
-    import scanweaver_tvm as sw
-
-    spec = selective_spec(batch="batch", length="L", groups=2).as_matrix()
-    b, l = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("l", "int64")
-    params = [relax.Var(n, relax.TensorType([b if d == "batch" else l if d == "L" else d for d in s],
-                                            spec.operand_dtypes()[n]))
+def scan_module(spec):
+    """A Relax module whose ``main`` is the one ``scanweaver.matrix_scan`` of ``spec`` (a
+    symbolic extent is a function shape var)."""
+    dims = {"batch": tvm.tirx.Var("b", "int64"), "L": tvm.tirx.Var("l", "int64")}
+    params = [relax.Var(n, relax.TensorType([dims.get(d, d) for d in s], spec.operand_dtypes()[n]))
               for n, s in spec.operand_shapes().items()]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(make_scan(spec, params))
         bb.emit_func_output(out)
-    vm = relax.VirtualMachine(sw.compile(bb.get(), "llvm"), tvm.cpu())
+    return bb.get()
+
+
+def check_compiled(vm, concrete, seed):
+    """``vm``'s ``main`` on fresh operands of the selective scan ``concrete`` (passed as its
+    matrix instance's) equals the selective oracle."""
+    x = selective_arrays(concrete, np.random.default_rng(seed), np.float32)
+    y = as_matrix_arrays(concrete, x)
+    names = concrete.as_matrix().operand_names()
+    got = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(y[n])) for n in names])
+    want = selective_reference(concrete, {n: v.astype(np.float64) for n, v in x.items()})
+    for g, w, name in zip(got, want, ("o", "last")):
+        assert_close(g.numpy().astype(np.float64).reshape(w.shape), w, "float32", name)
+
+
+def test_symbolic_instance_through_lower_scans():
+    """A ``scanweaver.matrix_scan`` of the instance with symbolic batch and L, lowered and
+    compiled once, is right at several sizes."""
+    import scanweaver_tvm as sw
+
+    spec = selective_spec(batch="batch", length="L", groups=2).as_matrix()
+    vm = relax.VirtualMachine(sw.compile(scan_module(spec), "llvm"), tvm.cpu())
     for batch, length in ((1, 1), (3, 40)):
-        concrete = selective_spec(batch=batch, length=length, groups=2)
-        x = selective_arrays(concrete, np.random.default_rng(length), np.float32)
-        y = as_matrix_arrays(concrete, x)
-        got = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(y[n])) for n in spec.operand_names()])
-        want = selective_reference(concrete, {n: v.astype(np.float64) for n, v in x.items()})
-        for g, w, name in zip(got, want, ("o", "last")):
-            assert_close(g.numpy().astype(np.float64).reshape(w.shape), w, "float32", name)
+        check_compiled(vm, selective_spec(batch=batch, length=length, groups=2), length)
 
 
 def test_cuda_kernel_of_the_selective_form_compiles_for_the_instance():
@@ -214,24 +225,31 @@ def test_cuda_kernel_of_the_selective_form_compiles_for_the_instance():
     assert "scanweaver_scan" in lib.mod.imports[0].inspect_source()
 
 
+
 def test_mlir_route_takes_the_selective_kernel_for_the_instance():
     """``realization="mlir"`` on a matrix scan in Mamba's form: the bridge's selective kernel
     on the instance's buffers, equal to the oracle."""
     import scanweaver_tvm as sw
 
     concrete = selective_spec(groups=2, length=19)
-    spec = concrete.as_matrix()
-    params = [relax.Var(n, relax.TensorType(s, spec.operand_dtypes()[n]))
-              for n, s in spec.operand_shapes().items()]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(make_scan(spec, params))
-        bb.emit_func_output(out)
-    vm = relax.VirtualMachine(sw.compile(bb.get(), "llvm", realization="mlir"), tvm.cpu())
-    x = selective_arrays(concrete, np.random.default_rng(11), np.float32)
-    y = as_matrix_arrays(concrete, x)
-    got = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(y[n])) for n in spec.operand_names()])
+    vm = relax.VirtualMachine(sw.compile(scan_module(concrete.as_matrix()), "llvm",
+                                         realization="mlir"), tvm.cpu())
+    check_compiled(vm, concrete, 11)
+
+
+@pytest.mark.parametrize("spec", [selective_spec(groups=3, dim=6, length=37),
+                                  selective_spec(batch="batch", length="L", has_h0=False)])
+def test_matrix_kernel_serves_the_selective_scan(spec):
+    """``schedule="matrix_cpu"`` on a ``SelectiveScanSpec``: the matrix kernel generated for
+    ``as_matrix()``, called with the selective scan's own arguments (what ``bench.scan`` times)."""
+    func = tir_schedules.realize(spec, "llvm", schedule="matrix_cpu")
+    assert [p.name for p in func.params] == list(spec.buffer_shapes())
+    kernel = tvm.compile(tvm.IRModule({"scanweaver_scan": func}), target="llvm")["scanweaver_scan"]
+    batch, length = (2, 37) if not spec.is_symbolic else (3, 29)
+    concrete = selective_spec(batch=batch, dim=spec.dim, length=length, groups=spec.groups,
+                              has_h0=spec.has_h0)
+    x = selective_arrays(concrete, np.random.default_rng(length), np.float32)
     want = selective_reference(concrete, {n: v.astype(np.float64) for n, v in x.items()})
-    for g, w, name in zip(got, want, ("o", "last")):
-        assert_close(g.numpy().astype(np.float64).reshape(w.shape), w, "float32", name)
+    got = run(kernel, list(x.values()), [w.shape for w in want], "float32")
+    for g, w, name in zip(got, want, ("out", "last_state")):
+        assert_close(g, w, "float32", name)
