@@ -142,7 +142,19 @@ def selective_row(shape, bandwidth, notes, budget_s):
     methods[OURS] = lambda: ours("selective", x)
     methods[OURS_MLIR] = lambda: ours("selective", x, "mlir")
     methods[OURS_MATRIX] = lambda: ours("selective", x, schedule="matrix_cpu")
-    return _row(shape, anchors.selective_bytes(x), bandwidth, methods, ref, notes, budget_s)
+    row = _row(shape, anchors.selective_bytes(x), bandwidth, methods, ref, notes, budget_s)
+    row["paired"] = paired_ratio(ours("selective", x), ours("selective", x, schedule="matrix_cpu"))
+    return row
+
+
+def paired_ratio(mine, other, rounds=9):
+    """``other``'s time over ``mine``'s, both timed in turn in each of ``rounds`` rounds (a
+    busy machine slows both of a round alike): ``{"median", "min", "max"}``, or None."""
+    if isinstance(mine, str) or isinstance(other, str):
+        return None
+    ratios = sorted(other.timer()["ms"] / mine.timer()["ms"] for _ in range(rounds))
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
+            "rounds": rounds}
 
 
 # ---------------------------------------------------------------- report
@@ -192,6 +204,12 @@ def report(result):
     for key, title, label in sections:
         if result.get(key):
             lines += _table(title, result[key], label)
+    for row in result.get("selective", []):
+        p = row.get("paired")
+        if p:
+            lines += [f"Mamba-1 as a matrix scan (`{OURS_MATRIX}`) over the selective kernel "
+                      f"(`{OURS}`), timed in turn in {p['rounds']} rounds: median "
+                      f"{p['median']:.2f}x the time (rounds {p['min']:.2f}-{p['max']:.2f}x).", ""]
     if result["notes"]:
         lines += ["Notes:", ""] + [f"- {n}" for n in result["notes"]] + [""]
     return "\n".join(lines)
