@@ -21,7 +21,7 @@ from .chains import Recurrence, find_chains
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
-from .matrix import MatrixMatch, match_matrix
+from .matrix import MatrixMatch, match_matrix, readout_einsum_split
 from .matrix_lifted import LiftedMatch, emit_lifted, find_lifted
 from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
                             scan_to_stack, state_from_scan)
@@ -82,12 +82,76 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
-        new, recurrences = _fuse(mod, find(mod, cumulative))
+        found = find(mod, cumulative)
+        new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         lifted = find_lifted_scans(new)
         if not lifted:
             return new, recurrences
         new, lifted = _fuse(new, lifted)
         return new, recurrences + lifted
+
+
+def _fuse_split_readouts(mod, found, cumulative):
+    """``_fuse`` on ``mod`` with each readout einsum of three or more operands that reads a
+    matrix state (ONNX keeps ``einsum("nhd,nhdm,nh->nhm", q, S, 1 / z)`` one op) split into
+    ``q^T S`` and the rest, when that makes more matrix scans and every split readout is
+    replaced by one; else None (``mod`` is fused as it is)."""
+    splits = {}
+    for rec in found:
+        if rec.rejected or rec.form != "affine" or len(rec.state_shape) < 2 or rec.facts is None:
+            continue
+        users, value = rec.facts
+        for state in rec.states:
+            for u in users.get(state, []):
+                plan = readout_einsum_split(value.get(u), state) if isinstance(u, relax.Var) else None
+                if plan is not None:
+                    splits[u] = plan
+    if not splits:
+        return None
+    split, inner = _split_einsums(mod, splits)
+    again = find(split, cumulative)
+    if sum(r.form == "matrix" for r in again) <= sum(r.form == "matrix" for r in found):
+        return None
+    new, recurrences = _fuse(split, again)
+    bound = {b.var for gvar, func in new.functions_items() if isinstance(func, relax.Function)
+             and isinstance(func.body, relax.SeqExpr) for blk in func.body.blocks for b in blk.bindings}
+    if any(v in bound for v in inner):
+        return None                      # a split readout is left: keep the einsum as it was
+    return new, recurrences
+
+
+@relax.expr_functor.mutator
+class _EinsumSplitter(relax.PyExprMutator):
+    def __init__(self, mod, splits):
+        super().__init__(mod)
+        self.splits = splits
+        self.inner = []
+
+    def visit_var_binding_(self, binding):
+        plan = self.splits.get(binding.var)
+        if plan is None:
+            super().visit_var_binding_(binding)
+            return
+        i, j, inner_subs, rest, outer_subs = plan
+        bb = self.builder_
+        ops = [self.visit_expr(f) for f in binding.value.args[0].fields]
+        inner = bb.emit(relax.op.einsum([ops[i], ops[j]], inner_subs))
+        self.inner.append(inner)
+        value = relax.op.einsum([inner] + [ops[r] for r in rest], outer_subs)
+        if not isinstance(binding.var, relax.DataflowVar) and bb.current_block_is_dataflow():
+            self.set_var_remap(binding.var, bb.emit_output(value))
+        else:
+            self.set_var_remap(binding.var, bb.emit(value))
+
+
+def _split_einsums(mod, splits):
+    """``mod`` with each einsum binding of ``splits`` (var -> ``readout_einsum_split``) made
+    two einsums; also the inner ones' vars."""
+    splitter = _EinsumSplitter(mod, splits)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            splitter.builder_.update_func(gvar, splitter.visit_expr(func))
+    return splitter.builder_.get(), splitter.inner
 
 
 def find_lifted_scans(mod):
@@ -117,7 +181,10 @@ def _fuse(mod, recurrences):
         for rec in recurrences:       # (one validated before a retry is the same rewrite)
             if rec.rejected or rec.validation_s is not None or id(rec) not in replaced:
                 continue
-            ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)])
+            try:
+                ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)])
+            except _MATCHER_ERRORS + (ArithmeticError,) as err:   # numpy refused a probe value
+                ok, why, seconds = False, f"the probe run could not evaluate it: {error_line(err)}", 0.0
             rec.validation_s = seconds
             if not ok:
                 rec.rejected, rec.reason, failed = True, f"validation failed: {why}", True
@@ -409,6 +476,10 @@ class _Rewriter(relax.PyExprMutator):
             self._replace(rec.states[-1], last)
 
     def _replace(self, var, new):
+        if not isinstance(var, relax.DataflowVar) and self.builder_.current_block_is_dataflow():
+            # an output of the dataflow block (ONNX returns the stacked readouts themselves):
+            # its replacement is bound as one, or the return would read a var of the block
+            new = self.builder_.emit_output(new)
         self.set_var_remap(var, new)
         self.dropped.add(var)
         self._current.append((var, new))

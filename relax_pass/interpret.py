@@ -157,6 +157,8 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return x[tuple(index)]
     if name == "concat":
         return np.concatenate(args[0], axis=int(a.axis))
+    if name == "scatter_nd":        # ONNX ScatterND (what ``o[:, :, t] = x`` exports to)
+        return _scatter_nd(args[0], args[1], args[2], str(a.reduction))
     if name == "split":
         sections = a.indices_or_sections
         sections = int(sections) if not hasattr(sections, "__len__") else _ints(sections)
@@ -174,6 +176,8 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return np.transpose(args[0], None if a.axes is None else _ints(a.axes))
     if name == "broadcast_to":
         return np.broadcast_to(args[0], _ints(call.args[1]))
+    if name == "tile":
+        return np.tile(args[0], _ints(a.repeats))
     if name == "flip":
         return np.flip(args[0], int(a.axis))
     if name == "matmul":
@@ -220,10 +224,29 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     raise Unsupported(f"relax.{name}")
 
 
+def _scatter_nd(data, indices, updates, reduction):
+    """``data`` with ``updates`` written (or combined by ``reduction``) at ``indices``, the
+    tuples along its last axis, in order (a later duplicate wins under "update")."""
+    indices = np.asarray(indices).astype(np.int64)
+    k = indices.shape[-1]
+    out = np.array(data, dtype=np.result_type(data, updates), copy=True)
+    where = tuple(np.moveaxis(indices.reshape(-1, k) % np.array(out.shape[:k]), -1, 0))
+    updates = np.reshape(updates, (-1,) + out.shape[k:])
+    if reduction == "update":
+        for i, u in enumerate(updates):
+            out[tuple(w[i] for w in where)] = u
+        return out
+    ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(reduction)
+    if ufunc is None:
+        raise Unsupported(f"relax.scatter_nd with reduction {reduction}")
+    ufunc.at(out, where, updates)
+    return out
+
+
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
              "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
-             "nn.layer_norm nn.rms_norm arange").split()
+             "nn.layer_norm nn.rms_norm arange scatter_nd tile").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 
 

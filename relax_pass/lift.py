@@ -22,11 +22,29 @@ class NotLiftable(Exception):
 REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod")
 FEATURE_OPS = ("relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.reshape",
                "relax.broadcast_to", "relax.matmul", "relax.einsum", "relax.nn.softmax",
-               "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.take", *REDUCTIONS)
+               "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.take", "relax.tile",
+               "relax.strided_slice", *REDUCTIONS)
 
 
 def _norm(axis, rank):
     return int(axis) % rank
+
+
+def _ints(x):
+    """The ints of a shape-like argument (a ShapeExpr, a tuple of PrimValues/IntImms), or
+    [None] when one is not a constant."""
+    values = getattr(x, "values", None)
+    values = x.fields if values is None and isinstance(x, relax.Tuple) else values
+    if values is None:
+        values = list(x) if isinstance(x, (list, tuple, tvm.ir.Array)) else [x]
+    out = []
+    for v in values:
+        v = getattr(v, "value", v)
+        try:
+            out.append(int(v))
+        except (TypeError, ValueError):
+            out.append(None)
+    return out
 
 
 class Lifter:
@@ -124,17 +142,29 @@ class Lifter:
             shape = [int(v) for v in value.args[1].values]
             x = self._pad(x, len(shape) - q)
             return emit(relax.op.broadcast_to(x, [tensor_shape(x)[0]] + shape)), 0
+        if name == "relax.tile":            # x.repeat(...): the per-step dims only
+            reps = [int(v) for v in a.repeats]
+            if len(reps) > q:
+                raise NotLiftable("relax.tile (adding dims)")
+            return emit(relax.op.tile(x, [1] * (q + 1 - len(reps)) + reps)), 0
         if name in REDUCTIONS:
             axes = list(range(q)) if a.axis is None else [_norm(v, q) for v in a.axis]
             call = getattr(relax.op, name.split(".")[-1])
             return emit(call(x, [v + 1 for v in axes], bool(a.keepdims))), 0
-        if name == "relax.take":            # x[:, 0] of a unit dim: a squeeze
+        if name == "relax.take":            # x_t[:, 0]: one index of a per-step dim
             axis = _norm(a.axis, q)
             index = getattr(value.args[1], "value", None)
-            if index is None or index.numpy().size != 1 or int(index.numpy()) != 0 or \
-                    tensor_shape(x)[axis + 1] != 1 or tensor_shape(value.args[1]) != ():
+            if index is None or index.numpy().size != 1 or tensor_shape(value.args[1]) != ():
                 raise NotLiftable("relax.take (of a per-step value)")
-            return emit(relax.op.squeeze(x, [axis + 1])), 0
+            if tensor_shape(x)[axis + 1] == 1:
+                return emit(relax.op.squeeze(x, [axis + 1])), 0
+            return emit(relax.op.take(x, value.args[1], axis + 1)), 0
+        if name == "relax.strided_slice":   # x_t[..., :1]: a slice of per-step dims
+            axes, begin, end = (list(_ints(v)) for v in value.args[1:4])
+            strides = list(_ints(value.args[4])) if len(value.args) > 4 else [1] * len(axes)
+            if any(None in v for v in (axes, begin, end, strides)):
+                raise NotLiftable("relax.strided_slice (symbolic bounds)")
+            return emit(relax.op.strided_slice(x, [_norm(v, q) + 1 for v in axes], begin, end, strides)), 0
         if name == "relax.nn.softmax":
             return emit(relax.op.nn.softmax(x, _norm(a.axis, q) + 1)), 0
         rest = [self._invariant(v, name) for v in value.args[1:]]

@@ -29,6 +29,7 @@ from tvm import relax
 from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import MatrixScanSpec
 
+from .narrow import expr_shape, narrowed, non_unit
 from .operands import evaluate_from, operands_of, widening
 from .stacks import stack_sources
 from .steps import ONE, op_name, tensor_shape
@@ -116,7 +117,7 @@ def input_and_decay(b, a, shape, dtype, key, labels, value_of, rng, lanes_from=N
     others = [f for f in product if f is not keyed[0]]
     if not any(value_dim in f.labels for f in others):
         return "b_t has no factor over the value dim"
-    decay = _decay(a, shape, roles)
+    decay = _decay(a, shape, roles, value_of)
     if isinstance(decay, str):
         return decay
     return roles, keyed[0], others, decay
@@ -147,6 +148,10 @@ def _readouts(rec, value_of, users, labels, rng):
             continue
         first = readout_piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
         if first is None:
+            if _reads_previous_states(value_of, fields, rec.states, position, start):
+                why = (f"the pieces stacked in {where.name} read the state before each step's update "
+                       "(o_t from S_(t-1), as RWKV's bonus form o_t = q_t (S_(t-1) + u k_t v_t^T) does): "
+                       "not a matrix scan's o_t = q_t^T S_t; left an affine scan")
             continue
         piece, (key, q_labels, r_labels) = first
         pieces = [piece] + [readout_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
@@ -174,6 +179,33 @@ def _readouts(rec, value_of, users, labels, rng):
             epilogue = None if pure else (fields[0], time_axis)
         return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels, epilogue
     return why
+
+
+def _reads_previous_states(value_of, fields, states, position, start):
+    """Each stacked piece but the first reads the state of the step before its own (and not
+    its own): a readout before the update."""
+    if len(fields) < 2:
+        return False
+    reads = [_states_read(value_of, f, states, position, start) for f in fields]
+    return not reads[0] and all(r == {i - 1} for i, r in enumerate(reads) if i > 0)
+
+
+def _states_read(value_of, x, states, position, start):
+    """The indices (in ``states``) of the states ``x`` depends on."""
+    index = VarMap((s, i) for i, s in enumerate(states))
+    found, stack, seen = set(), [x], VarMap()
+    while stack:
+        v = stack.pop()
+        if not isinstance(v, relax.Var) or v in seen:
+            continue
+        seen[v] = True
+        if v in index:
+            found.add(index[v])
+            continue
+        if position.get(v, -1) <= start or v not in value_of or len(seen) > 4 * READOUT_BUDGET:
+            continue
+        stack.extend(operands_of(value_of[v]))
+    return found
 
 
 def _same_epilogues(an, value_of, fields, pieces, times):
@@ -349,10 +381,57 @@ def _contraction(value_of, field, piece, state_shape, labels, rng):
     return None
 
 
+def readout_einsum_split(call, state):
+    """How to read a readout einsum of three or more operands (``einsum("nhd,nhdm,nh->nhm",
+    q, S, 1 / z)``, fast-transformers' recurrent linear attention) as ``q^T S`` then the rest:
+    ``(i, j, inner, rest, outer)`` with ``inner`` the subscripts of ``einsum(op_i, op_j)``
+    (``op_j`` is ``state``; the letters only they share contracted), ``rest`` the other
+    operands' indices and ``outer`` the subscripts of ``einsum(inner's result, *rest)``; or
+    None.  (The same product, summed in another order.)"""
+    if op_name(call) != "relax.einsum" or not isinstance(call.args[0], relax.Tuple):
+        return None
+    fields = list(call.args[0].fields)
+    subscripts = str(call.attrs.subscripts).replace(" ", "")
+    if len(fields) < 3 or "->" not in subscripts or "." in subscripts:
+        return None
+    ins, out = subscripts.split("->")
+    ins = ins.split(",")
+    at = [j for j, f in enumerate(fields) if f.same_as(state)]
+    if len(ins) != len(fields) or len(at) != 1 or any(len(set(x)) != len(x) for x in ins):
+        return None
+    j = at[0]
+    for i, sub in enumerate(ins):
+        if i == j:
+            continue
+        rest = [r for r in range(len(ins)) if r not in (i, j)]
+        elsewhere = set(out).union(*(ins[r] for r in rest))
+        summed = [c for c in ins[j] if c in sub and c not in elsewhere]
+        if not summed or any(c not in sub for c in ins[j] if c not in elsewhere):
+            continue            # the state's contracted letters must all be op_i's
+        kept = [c for c in ins[j] + sub if c not in summed]
+        kept = "".join(dict.fromkeys(kept))
+        return (i, j, f"{sub},{ins[j]}->{kept}", rest,
+                ",".join([kept] + [ins[r] for r in rest]) + "->" + out)
+    return None
+
+
 # -- the input and the decay ---------------------------------------------------------------------
 def _product(b, shape, dtype, value_of, labels, rng):
-    """``b``'s factors (``Factor``s), checked: ``b`` equals their product on random values."""
-    leaves = _product_leaves(value_of, b)
+    """``b``'s factors (``Factor``s), checked: ``b`` equals their product on random values.
+    The factors are read through every layout view first; when that fails, without going
+    below a reshape that regroups dims (a factor repeated from groups to heads,
+    ``B.expand(b, g, h // g, n).reshape(b, h, n)``, is one over the heads)."""
+    first = _product_of(b, shape, dtype, value_of, labels, rng, _product_leaves(value_of, b))
+    if not isinstance(first, str):
+        return first
+    leaves, through = _product_leaves(value_of, b, regroup=False), _product_leaves(value_of, b)
+    if len(leaves) == len(through) and all(x.same_as(y) for x, y in zip(leaves, through)):
+        return first
+    found = _product_of(b, shape, dtype, value_of, labels, rng, leaves)
+    return first if isinstance(found, str) else found
+
+
+def _product_of(b, shape, dtype, value_of, labels, rng, leaves):
     tensors = [x for x in leaves if not (isinstance(x, tvm.ir.GenericConst) and x.value.numpy().size == 1)]
     if len(tensors) < 2:
         return "b_t is not a product of per-step factors"
@@ -384,15 +463,18 @@ def looks_outer(value_of, b):
     return len([x for x in _product_leaves(value_of, b) if tensor_shape(x) not in (None, ())]) >= 2
 
 
-def _product_leaves(value_of, expr):
-    """The factors of a product tree: through ``multiply``, layout views, widening casts,
-    ``einsum`` and ``matmul`` that contract nothing (a unit dim at most)."""
+def _product_leaves(value_of, expr, regroup=True):
+    """The factors of a product tree: through ``multiply``, layout views (reshapes that
+    regroup dims only with ``regroup``), widening casts, ``einsum`` and ``matmul`` that
+    contract nothing (a unit dim at most)."""
     out, stack = [], [expr]
     while stack:
         x = stack.pop()
         value = value_of.get(x) if isinstance(x, relax.Var) else (x if isinstance(x, relax.Call) else None)
         name = op_name(value)
-        if name == "relax.multiply" or (name in _VIEWS) or widening(value):
+        if not regroup and name == "relax.reshape" and _regroups(value):
+            out.append(x)       # (B, G, R, N) -> (B, G*R, N): the merged dims are one state dim
+        elif name == "relax.multiply" or (name in _VIEWS) or widening(value):
             stack.extend(a for a in value.args[:2 if name == "relax.multiply" else 1])
         elif name == "relax.einsum" and _contracts_nothing(value):
             stack.extend(value.args[0].fields)
@@ -401,6 +483,12 @@ def _product_leaves(value_of, expr):
         else:
             out.append(x)
     return out
+
+
+def _regroups(call):
+    """A ``reshape`` that merges or splits dims that are not 1 (not a unit-dim view)."""
+    inner, outer = tensor_shape(call.args[0]), tensor_shape(call)
+    return inner is None or outer is None or non_unit(inner) != non_unit(outer)
 
 
 def _contracts_nothing(call):
@@ -416,14 +504,18 @@ def _outer_matmul(call):
     return x is not None and y is not None and len(x) >= 2 and len(y) >= 2 and x[-1] == 1 and y[-2] == 1
 
 
-def _decay(a, state_shape, roles):
+def _decay(a, state_shape, roles, value_of=None):
     """``a_t`` as a Factor (None when it is 1), or why it is not a decay over the lanes
-    and at most one of K, V."""
+    and at most one of K, V.  A decay spread over the state by broadcasts (``exp(dt[..., None]
+    * A)`` with dt and A expanded to the state's shape first, as HF's Mamba-2 cache path
+    writes it) is read below them (``narrowed``), over the dims it varies along."""
     if a is None or a is ONE or _all_ones(a):
         return None
-    shape = tensor_shape(a)
+    shape = expr_shape(a)
     if shape is None or not _broadcasts(shape, state_shape):
         return "a_t does not broadcast to the state"
+    if value_of is not None:
+        a, shape = narrowed(value_of, a)
     offset = len(state_shape) - len(shape)
     labels = tuple(offset + i for i, n in enumerate(shape) if n != 1)
     if roles["K"] in labels and roles["V"] in labels:

@@ -171,6 +171,7 @@ class Analysis:
         self._ids, self._keys = {}, []     # hash-consing of template keys: key <-> id
         self.position = None                # var -> binding index (made on first use)
         self.not_affine = {}                # step-like var -> (state, NotAffine): why not a step
+        self._slices = None                 # (tensor, axis) -> indices it is sliced at (on first use)
 
     # -- templates ---------------------------------------------------------------------------
     def template(self, expr):
@@ -179,7 +180,14 @@ class Analysis:
             if got is None:
                 got = self._templates[expr] = self._template_of_node(expr)
             return got
-        # other leaves (clip's bounds, shapes, tuples): fresh wrappers per use, so by structure
+        if isinstance(expr, relax.Tuple):      # an einsum's or concat's operands (ONNX Einsum)
+            children = [self.template(f) for f in expr.fields]
+            indices = {c.index for c in children if c.index is not None}
+            key = ("tuple", tuple(self._intern(c.key) for c in children))
+            if not indices:
+                return Template(key)
+            return Template(key, indices.pop() if len(indices) == 1 else "mixed")
+        # other leaves (clip's bounds, shapes): fresh wrappers per use, so by structure
         return Template(("expr", tvm_ffi.structural_hash(expr)))
 
     def _template_of_node(self, expr):
@@ -198,6 +206,12 @@ class Analysis:
             if inner is not None:              # x.double().float(): x itself, exactly
                 return self.template(inner)
         step = _step_slice(self.value, value)
+        if step is not None and name in ("relax.take", "relax.strided_slice") and \
+                isinstance(self.template(value.args[0]).index, int) and \
+                len(self._slice_indices(value.args[0], step[0][2])) < 2:
+            step = None     # x_t[:, :, 0] / x_t[..., :1]: a feature of one step's value, sliced
+            #                 once (a tensor sliced at many indices, like ``proj.unbind(0)[0]``
+            #                 read at every step, or gathered from many steps, is sliced in time)
         if step is not None:                  # X's slice at one time index: ("slice", X, axis[, keep])
             key, t = step
             return Template(key, t)
@@ -211,6 +225,17 @@ class Analysis:
                 return Template(key)      # invariant, compared structurally
             return Template(key, indices.pop() if len(indices) == 1 else "mixed")
         return Template(("var", Ref(var if var is not None else value)))
+
+    def _slice_indices(self, x, axis):
+        """The indices at which bindings slice ``x`` along ``axis`` (one slice op each)."""
+        if self._slices is None:
+            self._slices = {}
+            for val in self.value.values():
+                step = _step_slice(self.value, val) if op_name(val) in ("relax.take", "relax.strided_slice") \
+                    else None
+                if step is not None and isinstance(val.args[0], relax.Var):
+                    self._slices.setdefault((hash(val.args[0]), step[0][2]), set()).add(step[1])
+        return self._slices.get((hash(x), axis), set()) if isinstance(x, relax.Var) else set()
 
     def _intern(self, key):
         found = self._ids.get(key)
