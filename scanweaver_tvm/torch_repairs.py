@@ -19,6 +19,11 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
 - ``F.group_norm(x, groups)`` without weight and bias (RetNet's per-head norm) crashes the
   import ("Found null pointer node"): TVM's converter passes the missing weight on as a null.
   ``convert_group_norm`` gives it ones and zeros of the channel count, which is the same norm.
+- ``2 ** (-5 - torch.arange(H))`` (an integer power, as retention's gamma is sometimes
+  written) imports as an int64 ``power``, which TVM cannot build ("power only applies to
+  float").  It is computed in float64 and truncated back to the integer dtype: PyTorch's
+  integer power wherever the result fits float64 exactly (|result| <= 2**53; a negative
+  exponent gives 0 but for a base of 1 or -1).
 """
 import numpy as np
 import tvm
@@ -102,6 +107,10 @@ class _Repair(relax.PyExprMutator):
             x = self.builder_.normalize(relax.op.astype(call.args[0], "int64"))
             op = relax.op.cumsum if name == "relax.cumsum" else relax.op.cumprod
             return op(x, call.attrs.axis, "int64", bool(call.attrs.exclusive))
+        dtype = tensor_dtype(call)
+        if name == "relax.power" and dtype.startswith(("int", "uint")):
+            wide = [self.builder_.normalize(relax.op.astype(a, "float64")) for a in call.args]
+            return relax.op.astype(self.builder_.normalize(relax.op.power(*wide)), dtype)
         return call
 
     def _take(self, call):

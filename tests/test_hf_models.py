@@ -120,6 +120,21 @@ def test_negative_select_and_bool_cumsum_are_repaired():
     assert torch_repairs.repair(mod).script() == text     # repairing twice changes nothing
 
 
+def test_integer_power_is_repaired():
+    """TVM builds no integer ``power`` ("power only applies to float"): retention's gamma
+    written ``1 - 2 ** (-5 - torch.arange(H))`` (all ones in PyTorch's integer arithmetic)."""
+    class Powers(torch.nn.Module):
+        def forward(self, x, e):
+            return x * (1 - 2 ** (-5 - torch.arange(3))), 3 ** e, (-2) ** (e - 4), e ** 2
+
+    x, e = torch.randn(2, 3), torch.tensor([0, 1, 2, 5, 9])
+    mod = sw.from_torch(Powers(), (x, e))
+    got = run_model(mod, [x, e])
+    for g, w in zip(got, Powers()(x, e)):
+        assert g.dtype == w.numpy().dtype
+        np.testing.assert_array_equal(g, w.numpy())
+
+
 def onnx_export(model, ids):
     import io
     import warnings
