@@ -29,6 +29,24 @@ def buffer_layout(shape):
     return "default" if all(isinstance(d, int) for d in shape) else None
 
 
+PER_STEP = ("q", "k", "v", "g", "dt", "z")   # a matrix scan's operands indexed (b, h, t, i)
+
+
+def matrix_index(spec, name, *idx):
+    """The buffer index of logical element ``idx`` of a matrix scan's argument ``name``: (b, h,
+    t, i) for a per-step operand and ``o``, (b, h, row, column) for ``h0`` and ``last``, (h, row,
+    column) for ``A``, (h, column) for ``dt_bias`` and ``D``.  A per-step operand reads index 0
+    on the dims it broadcasts (1 in its logical shape: B, H, a constant decay's L); a
+    channel-major buffer has its last two dims swapped (``MatrixScanSpec.layout``)."""
+    idx = list(idx)
+    if name in PER_STEP:
+        shape = spec.logical_shapes()[name]
+        idx[:3] = [0 if n == 1 else x for n, x in zip(shape[:3], idx[:3])]
+    if spec.layout == "channel_major" and name not in ("dt_bias", "D"):
+        idx[-2:] = idx[-1:-3:-1]
+    return idx
+
+
 def grid(extent):
     """A launch extent as the int32 that ``blockIdx``/``threadIdx`` are: a symbolic (int64)
     extent is narrowed (CUDA grids stay below 2**31 blocks anyway)."""

@@ -24,27 +24,20 @@ contiguous along t.  Under the selective decay the stage holds dt' = softplus(dt
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .layout import buffer_layout, extent_vars
+from .layout import buffer_layout, extent_vars, matrix_index
 from .selective_cpu import silu, softplus
 
 F32 = "float32"
-PARAMETERS = ("A", "dt_bias", "D")
 
 
 class Operands:
-    """The PrimFunc's arguments (``spec.buffer_shapes()`` order) and their float32 loads by
-    logical index: (b, h, t, i) for a per-step operand and ``o``, (b, h, row, column) for
-    ``h0`` and ``last``, (h, row, column) for ``A``, (h, column) for ``dt_bias`` and ``D``.
-    Operands broadcast on B, H (``g`` also on L) read index 0 there; channel-major buffers
-    swap the last two dims."""
+    """The PrimFunc's arguments (``spec.buffer_shapes()`` order) and their float32 loads,
+    stores and prefetches by logical index (``layout.matrix_index``)."""
 
     def __init__(self, spec):
         resolve = extent_vars(spec)
         self.spec, self.batch, self.length = spec, resolve(spec.batch), resolve(spec.length)
         self.channel_major = spec.layout == "channel_major"
-        self.logical = {**spec.logical_shapes(),
-                        "o": (spec.batch, spec.heads, spec.length, spec.value),
-                        "last": (spec.batch, spec.heads, spec.key, spec.value)}
         dtypes = {**spec.operand_dtypes(), "o": spec.dtype, "last": spec.dtype}
         self.bufs = {}
         for name, shape in spec.buffer_shapes().items():
@@ -52,17 +45,8 @@ class Operands:
             self.bufs[name] = T.arg(name, T.buffer(dims, dtypes[name], layout=buffer_layout(dims)))
 
     def index(self, name, *idx):
-        """The buffer index of logical element ``idx`` of ``name``."""
-        idx = list(idx)
-        if name not in PARAMETERS:
-            full = (self.spec.batch, self.spec.heads)
-            shape = self.logical[name]
-            idx[:2] = [0 if s == 1 and f != 1 else x for s, f, x in zip(shape[:2], full, idx)]
-            if name == "g" and shape[2] == 1:
-                idx[2] = 0
-        if self.channel_major and name not in ("dt_bias", "D"):
-            idx[-2:] = idx[-1:-3:-1]
-        return idx
+        """The buffer index of logical element ``idx`` of ``name`` (``layout.matrix_index``)."""
+        return matrix_index(self.spec, name, *idx)
 
     def load(self, name, *idx):
         x = self.bufs[name][tuple(self.index(name, *idx))]

@@ -45,7 +45,7 @@ from tvm.script.ir_builder import tirx as T
 from scanweaver_core.spec import MatrixScanSpec, static_or
 
 from .gpu_warp import barrier
-from .layout import buffer_layout, extent_vars, from_f32, grid, to_f32
+from .layout import buffer_layout, extent_vars, from_f32, grid, matrix_index, to_f32
 from .selective_cpu import LOG2E, silu, softplus
 
 NAME = "matrix_gpu"
@@ -144,7 +144,6 @@ def generate(spec: MatrixScanSpec, v_tile=8, col_threads=8, t_tile=16):
     pitch = {n: _pitch(spec, w) for n, w in widths.items()}
     kp, heads, K, V = widths["q"], spec.heads, spec.key, spec.value
     channel_major, selective = spec.layout == "channel_major", spec.decay == "selective"
-    logical = spec.logical_shapes()
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scanweaver_scan")
@@ -184,13 +183,8 @@ def generate(spec: MatrixScanSpec, v_tile=8, col_threads=8, t_tile=16):
                     def time(step):  # tensor index of the step-th step processed
                         return length - 1 - step if spec.reverse else step
 
-                    def at(name, bb, hh, t, col):  # buffer index, broadcast dims read at 0
-                        sb, sh, st, _ = logical[name]
-                        index = [0 if sb == 1 else bb, 0 if sh == 1 else hh, 0 if st == 1 else t, col]
-                        return index[:2] + index[:1:-1] if channel_major else index
-
-                    def state_at(r, col):  # index of h0 / last (channel-major: (B, H, V, K))
-                        return (b, h, col, r) if channel_major else (b, h, r, col)
+                    def entry(name, *idx):  # an argument's element at a logical index
+                        return ops[name][tuple(matrix_index(spec, name, *idx))]
 
                     def split(idx, width):  # tile item -> (step in tile, column): coalesced loads
                         return (idx % t_tile, idx // t_tile) if channel_major else (idx // width, idx % width)
@@ -209,7 +203,7 @@ def generate(spec: MatrixScanSpec, v_tile=8, col_threads=8, t_tile=16):
                                     ok.append(idx < t_tile * w)
                                 col = v0 + col if axis == "value" else col
                                 pad = tirx.const(1.0 if n == "g" else 0.0, F32)
-                                value = to_f32(ops[n][tuple(at(n, b, h, time(step), col))], spec.dtype)
+                                value = to_f32(entry(n, b, h, time(step), col), spec.dtype)
                                 T.buffer_store(pref[n], T.if_then_else(tirx.all(*ok), value, pad), [m])
                                 if n != "dt":
                                     continue
@@ -241,13 +235,12 @@ def generate(spec: MatrixScanSpec, v_tile=8, col_threads=8, t_tile=16):
                     for i in range(rows):
                         r = i * col_threads + j
                         init = (T.if_then_else(tirx.all(r < K, ok_col),
-                                               to_f32(ops["h0"][state_at(r, v0 + c)], spec.dtype),
+                                               to_f32(entry("h0", b, h, r, v0 + c), spec.dtype),
                                                tirx.const(0.0, F32)) if spec.has_h0 else tirx.const(0.0, F32))
                         T.buffer_store(state, init, [i])
                         if selective:
-                            a_at = (h, v0 + c, r) if channel_major else (h, r, v0 + c)
-                            T.buffer_store(a2, T.if_then_else(tirx.all(r < K, ok_col),
-                                                              ops["A"][a_at] * tirx.const(LOG2E, F32),
+                            a2_i = entry("A", h, r, v0 + c) * tirx.const(LOG2E, F32)
+                            T.buffer_store(a2, T.if_then_else(tirx.all(r < K, ok_col), a2_i,
                                                               tirx.const(0.0, F32)), [i])
                     if spec.has_skip:
                         T.buffer_store(skip, T.if_then_else(tirx.all(j == 0, ok_col), ops["D"][h, v0 + c],
@@ -303,14 +296,13 @@ def generate(spec: MatrixScanSpec, v_tile=8, col_threads=8, t_tile=16):
                                 total = total * silu(smem["z"][s * pitch["z"] + col], native=True)
                             with T.If(tirx.all(*ok)):
                                 with T.Then():
-                                    o_at = [b, h, v0 + col, time(step)] if channel_major else \
-                                        [b, h, time(step), v0 + col]
-                                    T.buffer_store(ops["o"], from_f32(total, spec.dtype), o_at)
+                                    T.buffer_store(ops["o"], from_f32(total, spec.dtype),
+                                                   matrix_index(spec, "o", b, h, time(step), v0 + col))
                     if spec.return_last_state:
                         for i in range(rows):
                             r = i * col_threads + j
                             with T.If(tirx.all(r < K, ok_col)):
                                 with T.Then():
                                     T.buffer_store(ops["last"], from_f32(state[i], spec.dtype),
-                                                   list(state_at(r, v0 + c)))
+                                                   matrix_index(spec, "last", b, h, r, v0 + c))
     return ib.get()
