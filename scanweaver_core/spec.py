@@ -488,14 +488,14 @@ class MatrixScanSpec:
                  "z": z, "h0": h0}
         if spec.decay == "selective" and A is None:
             raise ValueError("A: the selective decay needs A")
+        if A is not None and spec.decay != "selective":   # (the other options follow their arrays)
+            raise ValueError("A: this spec takes no A (the selective decay needs g, its dt)")
+        dtypes = spec.operand_dtypes()
         for name, shape in spec.operand_shapes().items():
             x = given[name]
-            if name not in "qkv" and tuple(x.shape) != shape:
+            if name not in ("q", "k", "v") and tuple(x.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(x.shape)}")
-            if check_dtypes and str(x.dtype) != spec.operand_dtypes()[name]:
-                raise ValueError(f"{name}: dtype {x.dtype} is not {spec.operand_dtypes()[name]}")
-        for name in ("A", "dt_bias", "D", "z", "h0"):
-            if given[name] is not None and name not in spec.operand_names():
-                raise ValueError(f"{name}: this spec takes no {name}")
+            if check_dtypes and str(x.dtype) != dtypes[name]:
+                raise ValueError(f"{name}: dtype {x.dtype} is not {dtypes[name]}")
         return spec
 

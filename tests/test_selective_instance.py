@@ -127,8 +127,10 @@ def test_bad_specs_name_the_operand():
     q = np.zeros((1, 2, 5, 4))
     with pytest.raises(ValueError, match="A: expected shape"):
         MatrixScanSpec.for_arrays(q, q, q, q, A=np.zeros((2, 4, 3)), check_dtypes=False)
-    with pytest.raises(ValueError, match="z: this spec takes no z|z: expected"):
+    with pytest.raises(ValueError, match="z: expected shape"):
         MatrixScanSpec.for_arrays(q, q, q, check_dtypes=False, z=np.zeros((1, 2, 5, 3)))
+    with pytest.raises(ValueError, match="A: this spec takes no A"):
+        MatrixScanSpec.for_arrays(q, q, q, A=np.zeros((2, 4, 4)), check_dtypes=False)
     with pytest.raises(ValueError, match="A: dtype"):
         MatrixScanSpec.for_arrays(*(x.astype(np.float32) for x in (q, q, q, q)),
                                   A=np.zeros((2, 4, 4)))
