@@ -93,7 +93,9 @@ BINARY = {
 }
 
 
-def _ints(x):
+def const_ints(x):
+    """The ints of a shape-like argument (a ShapeExpr, a Tuple of PrimValues, an Array);
+    raises TypeError for one that is not a constant."""
     if x is None:
         return None
     if isinstance(x, (relax.Tuple, relax.ShapeExpr)):
@@ -107,7 +109,7 @@ def _ints(x):
 
 
 def _axes(attr, ndim):
-    return None if attr is None else tuple(int(a) % ndim for a in _ints(attr))
+    return None if attr is None else tuple(int(a) % ndim for a in const_ints(attr))
 
 
 def _np_dtype(dtype):
@@ -148,9 +150,9 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
             return args[0][(slice(None),) * axis + (int(index),)]
         return np.take(args[0], index.astype(np.int64), axis=axis)
     if name == "strided_slice":
-        x, axes = args[0], _ints(call.args[1])
-        begin, end = _ints(call.args[2]), _ints(call.args[3])
-        strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+        x, axes = args[0], const_ints(call.args[1])
+        begin, end = const_ints(call.args[2]), const_ints(call.args[3])
+        strides = const_ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
         index = [slice(None)] * x.ndim
         for ax, lo, hi, st in zip(axes, begin, end, strides):
             index[ax % x.ndim] = slice(lo, hi, st)
@@ -161,23 +163,23 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return _scatter_nd(args[0], args[1], args[2], str(a.reduction))
     if name == "split":
         sections = a.indices_or_sections
-        sections = int(sections) if not hasattr(sections, "__len__") else _ints(sections)
+        sections = int(sections) if not hasattr(sections, "__len__") else const_ints(sections)
         return tuple(np.split(args[0], sections, axis=int(a.axis)))
     if name == "expand_dims":
-        x, axes = args[0], _ints(a.axis)
+        x, axes = args[0], const_ints(a.axis)
         for ax in sorted(v % (x.ndim + len(axes)) for v in axes):
             x = np.expand_dims(x, ax)
         return x
     if name == "squeeze":
         return np.squeeze(args[0], _axes(a.axis, args[0].ndim))
     if name == "reshape":
-        return args[0].reshape(_ints(call.args[1]))
+        return args[0].reshape(const_ints(call.args[1]))
     if name == "permute_dims":
-        return np.transpose(args[0], None if a.axes is None else _ints(a.axes))
+        return np.transpose(args[0], None if a.axes is None else const_ints(a.axes))
     if name == "broadcast_to":
-        return np.broadcast_to(args[0], _ints(call.args[1]))
+        return np.broadcast_to(args[0], const_ints(call.args[1]))
     if name == "tile":
-        return np.tile(args[0], _ints(a.repeats))
+        return np.tile(args[0], const_ints(a.repeats))
     if name == "flip":
         return np.flip(args[0], int(a.axis))
     if name == "matmul":
@@ -192,11 +194,11 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         x = args[0] if a.axis is not None else args[0].reshape(-1)
         return fn(x, axis=0 if a.axis is None else int(a.axis))
     if name in ("zeros", "ones"):
-        return np.full(_ints(call.args[0]), 0 if name == "zeros" else 1, _np_dtype(a.dtype))
+        return np.full(const_ints(call.args[0]), 0 if name == "zeros" else 1, _np_dtype(a.dtype))
     if name in ("zeros_like", "ones_like"):
         return np.full_like(args[0], 0 if name == "zeros_like" else 1)
     if name == "full":
-        return np.full(_ints(call.args[0]), args[1], _np_dtype(a.dtype))
+        return np.full(const_ints(call.args[0]), args[1], _np_dtype(a.dtype))
     if name == "full_like":
         return np.full_like(args[0], args[1])
     if name == "arange":

@@ -14,6 +14,8 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
+from .interpret import const_ints
+
 
 class NotLiftable(Exception):
     """The coefficient uses an op that does not commute with slicing along time."""
@@ -28,23 +30,6 @@ FEATURE_OPS = ("relax.permute_dims", "relax.expand_dims", "relax.squeeze", "rela
 
 def _norm(axis, rank):
     return int(axis) % rank
-
-
-def _ints(x):
-    """The ints of a shape-like argument (a ShapeExpr, a tuple of PrimValues/IntImms), or
-    [None] when one is not a constant."""
-    values = getattr(x, "values", None)
-    values = x.fields if values is None and isinstance(x, relax.Tuple) else values
-    if values is None:
-        values = list(x) if isinstance(x, (list, tuple, tvm.ir.Array)) else [x]
-    out = []
-    for v in values:
-        v = getattr(v, "value", v)
-        try:
-            out.append(int(v))
-        except (TypeError, ValueError):
-            out.append(None)
-    return out
 
 
 class Lifter:
@@ -160,10 +145,11 @@ class Lifter:
                 return emit(relax.op.squeeze(x, [axis + 1])), 0
             return emit(relax.op.take(x, value.args[1], axis + 1)), 0
         if name == "relax.strided_slice":   # x_t[..., :1]: a slice of per-step dims
-            axes, begin, end = (list(_ints(v)) for v in value.args[1:4])
-            strides = list(_ints(value.args[4])) if len(value.args) > 4 else [1] * len(axes)
-            if any(None in v for v in (axes, begin, end, strides)):
-                raise NotLiftable("relax.strided_slice (symbolic bounds)")
+            try:
+                axes, begin, end = (const_ints(v) for v in value.args[1:4])
+                strides = const_ints(value.args[4]) if len(value.args) > 4 else [1] * len(axes)
+            except (TypeError, ValueError):
+                raise NotLiftable("relax.strided_slice (symbolic bounds)") from None
             return emit(relax.op.strided_slice(x, [_norm(v, q) + 1 for v in axes], begin, end, strides)), 0
         if name == "relax.nn.softmax":
             return emit(relax.op.nn.softmax(x, _norm(a.axis, q) + 1)), 0
