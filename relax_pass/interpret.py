@@ -15,7 +15,7 @@ from tvm import relax
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, op_name
 from scanweaver_core.scan_op import parse_scan
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -279,6 +279,8 @@ def _scan(spec, ops):
         states = reference.affine_scan(np.reshape(a, spec.a_shape), b, h0, spec.axis, spec.reverse)
         out = {"states": states, "last": reference.last_state(states, spec.axis, spec.reverse)}
         got = [out[k] for k in spec.outputs]
+    elif isinstance(spec, StabilizedScanSpec):
+        got = _stabilized(spec, ops)
     elif isinstance(spec, MatrixScanSpec):
         kwargs = {"g" if n == "dt" else n: x for n, x in zip(spec.operand_names(), ops)}
         got = reference.matrix_scan(decay=None if spec.decay == "selective" else spec.decay,
@@ -294,6 +296,15 @@ def _scan(spec, ops):
                                        return_last_state=spec.return_last_state, **kwargs)
         got = list(got) if isinstance(got, tuple) else [got]
     return got[0] if len(got) == 1 else tuple(got)
+
+
+def _stabilized(spec, ops):
+    """The stabilized scan by its float64 recurrence (``reference.stabilized_scan``'s loop)."""
+    named = dict(zip(spec.operand_names(), ops))
+    h0 = [named[f"{n}0"] for n in spec.state_names()] if spec.has_h0 else None
+    got = reference.stabilized_scan(named["k"], named.get("v"), named.get("w"), named.get("u"), h0,
+                                    spec.reverse, spec.return_last_state, spec.layout, method="loop")
+    return [got[0], *got[1]] if spec.return_last_state else [got]
 
 
 class Interpreter:

@@ -1,13 +1,14 @@
-"""Float64 numpy oracles for both scan forms: the reference every test compares against.
+"""Float64 numpy oracles for every scan form: the reference every test compares against.
 
 Deliberately the plain sequential loop, written for clarity, not speed.
 """
 import numpy as np
 
-from .algebra import apply
-from .spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
+from .algebra import LOG_FLOOR, apply, log_apply, log_step
+from .spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
-__all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan"]
+__all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan",
+           "stabilized_scan"]
 
 
 def _f64(x):
@@ -125,3 +126,111 @@ def matrix_scan(q, k, v, g=None, decay=None, h0=None, reverse=False, return_last
     if layout == "channel_major":
         out, state = np.swapaxes(out, -1, -2), np.swapaxes(state, -1, -2)
     return (out, state) if return_last_state else out
+
+
+def stabilized_scan(k, v=None, w=None, u=None, h0=None, reverse=False, return_last_state=False,
+                    layout="time_major", method="direct"):
+    """``StabilizedScanSpec``'s recurrence in float64: ``out`` (k's shape), or ``(out, state)``
+    with ``state`` the tuple ``(num, den, max)`` after the last step (``(den, max)`` without
+    ``v``), stabilized as the spec says.
+
+    ``method="direct"`` computes every step from its definition, not from the previous one:
+    the state after step t is the sum over steps s <= t of ``exp(k_s + w_{s+1} + ... + w_t)
+    (v_s, 1)`` (and the initial state's ``exp(max0 + w_1 + ... + w_t) (num0, den0)``), whose
+    log-weights are formed in float64 and summed by log-sum-exp (``max`` is their maximum,
+    which is what the recurrence's max is).  O(L^2); ``method="loop"`` is the sequential
+    stabilized recurrence (``algebra.log_apply``), O(L), what the interpreter runs."""
+    arrays = [None if x is None else np.asarray(x) for x in (k, v, w, u)]
+    h0 = None if h0 is None else tuple(np.asarray(x) for x in h0)
+    spec = StabilizedScanSpec.for_arrays(*arrays, h0=h0, reverse=reverse,
+                                         return_last_state=return_last_state, layout=layout,
+                                         check_dtypes=False)
+    k, v, w, u = (_f64(x) for x in arrays)
+    if layout == "channel_major":          # to (B, L, C), and back at the end
+        k, v = (None if x is None else np.swapaxes(x, 1, 2) for x in (k, v))
+        w = np.swapaxes(w, 1, 2) if spec.decay == "step" else w
+    w = np.zeros_like(k) if w is None else np.broadcast_to(w, k.shape)
+    if reverse:
+        k, v, w = (None if x is None else x[:, ::-1] for x in (k, v, w))
+    state0 = None if h0 is None else tuple(_f64(x) for x in h0)
+    if state0 is not None and v is None:
+        state0 = (None,) + state0
+    run = {"direct": _stabilized_direct, "loop": _stabilized_loop}[method]
+    out, state = run(k, v, w, None if u is None else _f64(u), state0)
+    if reverse:
+        out = out[:, ::-1]
+    if layout == "channel_major":
+        out = np.swapaxes(out, 1, 2)
+    out = np.ascontiguousarray(out)
+    state = state if v is not None else state[1:]
+    return (out, state) if return_last_state else out
+
+
+def _readout(num, den, top):
+    """``num / den``, or ``log(exp(top) den)`` without values."""
+    if num is None:
+        with np.errstate(divide="ignore"):
+            return top + np.log(den)
+    return num / den
+
+
+def _stabilized_loop(k, v, w, u, state0):
+    """The recurrence step by step, time on axis 1 (forward)."""
+    batch, length, channels = k.shape
+    if state0 is None:
+        state0 = (None if v is None else np.zeros((batch, channels)), np.zeros((batch, channels)),
+                  np.full((batch, channels), LOG_FLOOR))
+    state = tuple(None if x is None else x.copy() for x in state0)
+    out = np.empty_like(k)
+    for t in range(length):
+        v_t = None if v is None else v[:, t]
+        if u is not None:   # read the state before the update, with the bonus step
+            out[:, t] = _readout(*log_apply(log_step(0.0, u + k[:, t], v_t), state))
+        state = log_apply(log_step(w[:, t], k[:, t], v_t), state)
+        if u is None:
+            out[:, t] = _readout(*state)
+    return out, state
+
+
+def _logsumexp_terms(logw, weights):
+    """``(num', den', max)`` of terms ``exp(logw[i]) * weights[i]`` (time on axis 0; weights
+    a (num weights or None, den weights) pair)."""
+    top = np.maximum(np.max(logw, axis=0), LOG_FLOOR)   # all -inf: the empty sum's max
+    scale = np.exp(logw - top)
+    num = None if weights[0] is None else np.sum(scale * weights[0], axis=0)
+    return num, np.sum(scale * weights[1], axis=0), top
+
+
+def _stabilized_direct(k, v, w, u, state0):
+    """Every step from the definition, time on axis 1 (forward); O(L^2)."""
+    batch, length, channels = k.shape
+    cum = np.cumsum(w, axis=1)                     # W_t = w_1 + ... + w_t
+    own = np.moveaxis(k - cum, 1, 0)               # k_s - W_s, (L, B, C)
+    vals = None if v is None else np.moveaxis(v, 1, 0)
+    ones = np.ones_like(own)
+    if state0 is not None:                         # the initial state is a step before step 0
+        num0, den0, max0 = state0
+        own = np.concatenate([max0[None], own])
+        vals = None if vals is None else np.concatenate([num0[None], vals])
+        ones = np.concatenate([den0[None], ones])
+    first = 0 if state0 is None else 1             # where step 0's term sits
+
+    def state_after(t):                            # the state after step t (t = -1: the start)
+        n = first + t + 1
+        if n == 0:
+            return None
+        shift = cum[:, t] if t >= 0 else 0.0
+        return _logsumexp_terms(own[:n] + shift, (None if vals is None else vals[:n], ones[:n]))
+
+    out = np.empty_like(k)
+    for t in range(length):
+        if u is None:
+            out[:, t] = _readout(*state_after(t))
+            continue
+        n = first + t
+        shift = cum[:, t - 1] if t >= 1 else 0.0   # terms before step t, plus the bonus term
+        logw = np.concatenate([own[:n] + shift, (u + k[:, t])[None]])
+        num_w = None if vals is None else np.concatenate([vals[:n], v[:, t][None]])
+        out[:, t] = _readout(*_logsumexp_terms(logw, (num_w, np.concatenate([ones[:n], np.ones((1, batch, channels))]))))
+    state = state_after(length - 1)
+    return out, state

@@ -1,7 +1,7 @@
 """How a ScanWeaver scan appears in Relax between FuseAffineRecurrences and LowerScans.
 
 One ``R.call_pure_packed("scanweaver.affine_scan" | "scanweaver.selective_scan" |
-"scanweaver.matrix_scan", *operands,
+"scanweaver.matrix_scan" | "scanweaver.stabilized_scan", *operands,
 R.str(<spec as JSON>))``: readable in ``mod.script()`` (the spec travels with the call, next
 to its operands), pure (so dataflow and dead-code elimination treat it as an ordinary op),
 and replaced by ``call_tir`` when lowered.
@@ -14,11 +14,11 @@ import tvm
 from tvm import relax
 
 from .exprs import tensor_dtype, tensor_shape
-from .spec import (AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, is_symbolic, symbol_identifiers,
-                   symbol_name)
+from .spec import (AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec, is_symbolic,
+                   symbol_identifiers, symbol_name)
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec,
-           "scanweaver.matrix_scan": MatrixScanSpec}
+           "scanweaver.matrix_scan": MatrixScanSpec, "scanweaver.stabilized_scan": StabilizedScanSpec}
 _CALLEE_OF = {kind: name for name, kind in CALLEES.items()}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 
@@ -36,6 +36,8 @@ def spec_from_json(kind, text):
                                      fields["has_h0"], fields["dtype"], tuple(fields["outputs"]))
     if kind is MatrixScanSpec:
         return MatrixScanSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    if kind is StabilizedScanSpec:
+        return StabilizedScanSpec(**fields)
     return SelectiveScanSpec(**fields)
 
 
@@ -51,6 +53,9 @@ def _types(spec, dim):
     if isinstance(spec, AffineScanSpec):
         shapes = {"states": spec.shape, "last": spec.state_shape}
         return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
+    if isinstance(spec, StabilizedScanSpec):
+        dtypes = spec.buffer_dtypes()
+        return [relax.TensorType(list(shape), dtypes[n]) for n, shape in spec.output_shapes().items()]
     if isinstance(spec, MatrixScanSpec):
         shapes = [spec.out_shape] + ([spec.state_shape] if spec.return_last_state else [])
         return [relax.TensorType([dim(d) for d in shape], spec.dtype) for shape in shapes]
@@ -142,3 +147,34 @@ def _static_shape(x):
     if shape is None:
         raise ValueError(f"needs a static shape, got {getattr(x, 'ty', x)}")
     return shape
+
+
+def emit_stabilized_scan(emit, k, v=None, w=None, u=None, h0=None, reverse=False,
+                         return_last_state=False, layout="time_major"):
+    """Emit the stabilized scan (``StabilizedScanSpec``) on 3-d ``k`` (and ``v``, ``w`` per
+    channel (C,) or per step, ``u`` (C,), ``h0`` a list of (B, C) state parts), each with the
+    shape and dtype the spec wants.  Returns ``out``, or ``[out, *last state parts]`` with
+    ``return_last_state``.  A shape or dtype the kernel cannot take raises ``ValueError``."""
+    def fake(x):
+        shape = _static_shape(x)
+        return np.empty(shape, dtype=_np_dtype(tensor_dtype(x)))
+
+    arrays = [None if x is None else fake(x) for x in (k, v, w, u)]
+    spec = StabilizedScanSpec.for_arrays(*arrays, h0=None if h0 is None else [fake(x) for x in h0],
+                                         reverse=reverse, return_last_state=return_last_state,
+                                         layout=layout, check_dtypes=False)
+    spec = StabilizedScanSpec(**{**dataclasses.asdict(spec), "dtype": tensor_dtype(k)})
+    given = [x for x in (k, v, w, u) if x is not None] + list(h0 or ())
+    for name, x in zip(spec.operand_names(), given):
+        want = spec.operand_dtypes()[name]
+        if tensor_dtype(x) != want:
+            raise ValueError(f"{name}: dtype {tensor_dtype(x)} is not {want}")
+    scan = emit(make_scan(spec, given))
+    if not return_last_state:
+        return scan
+    return [emit(relax.TupleGetItem(scan, i)) for i in range(len(spec.output_names()))]
+
+
+def _np_dtype(dtype):
+    """A numpy stand-in dtype for shape checks (numpy has no bfloat16)."""
+    return np.float32 if dtype in ("bfloat16", "") else np.dtype(dtype)

@@ -1,17 +1,17 @@
 """ScanWeaver-TVM: first-order affine recurrences as parallel scans in TVM.
 
-The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` describe a scan once for every
+The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` / ``StabilizedScanSpec`` describe a scan once for every
 stage; ``reference`` holds their float64 oracles; ``algebra`` the affine-pair composition (all
 three defined in ``scanweaver_core``, the vocabulary every layer shares).  The model-level API
 (``from_torch``, ``from_onnx``, ``find_recurrences``, ``FuseAffineRecurrences``, ``compile``,
 ``pipeline``) lives in ``api`` and is loaded on first use.
 """
 from scanweaver_core import algebra, reference
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
         "pipeline", "compile")
-__all__ = ["AffineScanSpec", "SelectiveScanSpec", "algebra", "reference", *_API, "tune"]
+__all__ = ["AffineScanSpec", "SelectiveScanSpec", "StabilizedScanSpec", "algebra", "reference", *_API, "tune"]
 
 
 def _use_every_core():
