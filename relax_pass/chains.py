@@ -64,6 +64,7 @@ class Recurrence:
     matrix: object = field(default=None, repr=False)             # MatrixMatch when form == "matrix"
     matrix_miss: str = field(default="", repr=False)            # why it is not a matrix-state scan
     lifted: object = field(default=None, repr=False)             # LiftedMatch: a whole-sequence scan
+    chunked: object = field(default=None, repr=False)            # ChunkedMatch: a chunked region
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
     lone: bool = field(default=False, repr=False)               # a near miss of lone steps

@@ -18,6 +18,8 @@ from scanweaver_core.scan_op import emit_affine_scan, make_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import Recurrence, find_chains
+from .chunked import ChunkedMatch, find_chunked
+from .chunked_emit import emit_chunked
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
@@ -82,13 +84,38 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
+        chunked = find_chunked_scans(mod)
+        if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains
+            mod, chunked = _fuse(mod, chunked)
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
+        recurrences = chunked + recurrences
         lifted = find_lifted_scans(new)
         if not lifted:
             return new, recurrences
         new, lifted = _fuse(new, lifted)
         return new, recurrences + lifted
+
+
+def find_chunked_scans(mod):
+    """Matrix-state scans in chunked form (``chunked.py``: Mamba-2's SSD, chunk-wise linear
+    attention), as recurrences of form ``"matrix"`` carrying their match; a region that looks
+    chunked but is not one is a near miss with the reason."""
+    found = []
+    for gvar, func in mod.functions_items():
+        for var, match in find_chunked(func):
+            if isinstance(match, ChunkedMatch):
+                spec = match.spec
+                names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
+                found.append(Recurrence(gvar.name_hint, "matrix", spec.length,
+                                        match.out_labels.index("L"), spec.reverse, spec.state_shape,
+                                        spec.dtype, names, chunked=match))
+            else:
+                found.append(Recurrence(gvar.name_hint, "matrix", 0, 0, False, (), tensor_dtype(var),
+                                        (var.name,), rejected=True,
+                                        reason=f"a chunked region ending at {var.name} is not a matrix "
+                                               f"scan: {match}"))
+    return found
 
 
 def _fuse_split_readouts(mod, found, cumulative):
@@ -391,6 +418,9 @@ class _Rewriter(relax.PyExprMutator):
         elif plan is not None and plan.form == "matrix" and plan.lifted is not None:
             for old, new in emit_lifted(self.builder_, plan.lifted, self.visit_expr):
                 self._replace(old, new)
+        elif plan is not None and plan.form == "matrix" and plan.chunked is not None:
+            for old, new in emit_chunked(self.builder_, plan.chunked, self.visit_expr):
+                self._replace(old, new)
         elif plan is not None and plan.form == "matrix":
             self._emit_matrix(plan)
         elif plan is not None:                              # cumsum / cumprod
@@ -505,6 +535,9 @@ def rewrite(mod, recurrences):
         for rec in recs:
             if rec.form == "matrix" and rec.lifted is not None:
                 plans[rec.lifted.scan] = rec         # at the whole-sequence scan it replaces
+                continue
+            if rec.form == "matrix" and rec.chunked is not None:
+                plans[rec.chunked.emit_at] = rec     # at the first of its outputs
                 continue
             if rec.form == "matrix":            # at the first step, like an affine chain
                 plans[rec.states[len(rec.states) - len(rec.bindings)]] = rec

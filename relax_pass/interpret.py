@@ -82,7 +82,7 @@ UNARY = {
     "sin": np.sin, "cos": np.cos, "erf": _erf, "floor": np.floor, "ceil": np.ceil,
     "round": np.round, "sign": np.sign, "nn.silu": lambda x: x / (1.0 + np.exp(-x)),
     "nn.relu": lambda x: np.maximum(x, 0.0), "logical_not": np.logical_not,
-    "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite, "reciprocal": lambda x: 1.0 / x,
+    "bitwise_not": np.invert, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite, "reciprocal": lambda x: 1.0 / x,
 }
 BINARY = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
@@ -90,6 +90,7 @@ BINARY = {
     "floor_divide": np.floor_divide, "equal": np.equal, "not_equal": np.not_equal,
     "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
 }
 
 
@@ -159,6 +160,10 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return x[tuple(index)]
     if name == "concat":
         return np.concatenate(args[0], axis=int(a.axis))
+    if name == "nn.pad" and str(a.pad_mode) == "constant":
+        width = [int(w) for w in a.pad_width]
+        return np.pad(args[0], [(width[2 * d], width[2 * d + 1]) for d in range(args[0].ndim)],
+                      constant_values=float(a.pad_value))
     if name == "scatter_nd":        # ONNX ScatterND (what ``o[:, :, t] = x`` exports to)
         return _scatter_nd(args[0], args[1], args[2], str(a.reduction))
     if name == "split":
@@ -192,7 +197,12 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     if name in ("cumsum", "cumprod"):
         fn = np.cumsum if name == "cumsum" else np.cumprod
         x = args[0] if a.axis is not None else args[0].reshape(-1)
-        return fn(x, axis=0 if a.axis is None else int(a.axis))
+        axis = 0 if a.axis is None else int(a.axis) % x.ndim
+        out = fn(x, axis=axis)
+        if bool(getattr(a, "exclusive", False)):      # the sum (product) of the ones before
+            first = np.full_like(np.take(out, [0], axis=axis), 0 if name == "cumsum" else 1)
+            out = np.concatenate([first, np.take(out, range(x.shape[axis] - 1), axis=axis)], axis)
+        return out
     if name in ("zeros", "ones"):
         return np.full(const_ints(call.args[0]), 0 if name == "zeros" else 1, _np_dtype(a.dtype))
     if name in ("zeros_like", "ones_like"):
@@ -248,7 +258,7 @@ def _scatter_nd(data, indices, updates, reduction):
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
              "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
-             "nn.layer_norm nn.rms_norm arange scatter_nd tile").split()
+             "nn.layer_norm nn.rms_norm arange scatter_nd tile nn.pad").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 
 
