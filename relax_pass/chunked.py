@@ -238,7 +238,8 @@ def _labelings(shape, time_axis, allowed, required=()):
         for d, name in zip(dims, names):
             labels[d] = name
         inversions = sum(allowed.index(a) > allowed.index(b) for a, b in itertools.combinations(names, 2))
-        out.append((inversions, tuple(labels)))
+        batch_only = "B" in names and "H" not in names      # (a unit batch is likelier)
+        out.append(((inversions, batch_only), tuple(labels)))
     return [labels for _, labels in sorted(out, key=lambda p: p[0])]
 
 
@@ -407,22 +408,26 @@ def _assign(probe, env, y, ext_values, exit_var, exit_axis, linear, log_decay, s
 
 
 def _role_orders(probe, exit_var, linear, env, y, exit_axis, sources, length):
-    """(q, k, v) orders of the three linear inputs; q first among them the one whose change at
-    one step changes the output at that step only."""
+    """(q, k, v) orders of the three linear inputs, likeliest first: one element changed at a
+    step changes the output at that step only through q, at every later step through k and
+    v, and at one feature only through v."""
     t0 = length // 2
-    local = []
+    reach = {}
     for x in linear:
         env2 = VarMap(env.items())
         bumped = np.array(env[x])
-        idx = [slice(None)] * bumped.ndim
+        idx = [0] * bumped.ndim
         idx[sources[x]] = t0
         bumped[tuple(idx)] += 1.0
         env2[x] = bumped
         changed = np.abs(probe(env2, [exit_var])[0] - y) > 1e-12 * max(1.0, float(np.max(np.abs(y))))
-        steps = np.nonzero(np.any(np.moveaxis(changed, exit_axis, 0).reshape(changed.shape[exit_axis], -1), 1))[0]
-        if list(steps) == [t0]:
-            local.append(x)
-    return sorted(itertools.permutations(linear), key=lambda order: order[0] not in local)
+        per_step = np.moveaxis(changed, exit_axis, 0).reshape(changed.shape[exit_axis], -1)
+        reach[x] = (list(np.nonzero(per_step.any(1))[0]) == [t0], int(changed.sum()))
+
+    def unlikely(order):
+        q, k, v = order
+        return (not reach[q][0], reach[k][1] < reach[v][1])
+    return sorted(itertools.permutations(linear), key=unlikely)
 
 
 def _key_labelings(q, k, sources, known):

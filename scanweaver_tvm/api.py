@@ -72,14 +72,18 @@ def _with_constants(model, kwargs):
 
 
 def _takes_use_cache(model):
-    """A Hugging Face model (it has a ``config``) whose ``forward`` has a ``use_cache`` argument."""
+    """A Hugging Face model (it has a ``config``) whose ``forward`` has a ``use_cache`` argument,
+    or takes ``**kwargs`` and has ``config.use_cache`` (GraniteMoeHybrid passes it down)."""
     import inspect
 
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-    return hasattr(model, "config") and "use_cache" in params
+    takes = "use_cache" in params or (                 # or passes it on through **kwargs
+        any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        and hasattr(getattr(model, "config", None), "use_cache"))
+    return hasattr(model, "config") and takes
 
 
 def _check_no_complex(model, example_args):
@@ -148,5 +152,119 @@ def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001
     pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
     ``database``: MetaSchedule records from ``tune``; scans without a record use the defaults."""
     target = _target(target)
-    seq = tvm.transform.Sequential([pipeline(target, realization, database), _default_pipeline(target)])
+    passes = [pipeline(target, realization, database)]
+    if target.kind.name == "llvm":
+        passes.append(_legalize_and_fold_at_once(target))
+    seq = tvm.transform.Sequential(passes + [_default_pipeline(target)])
     return tvm.compile(mod, target=target, relax_pipeline=seq)
+
+
+def _legalize_and_fold_at_once(target):
+    """The CPU pipeline's first steps, library dispatch and ``LegalizeOps``, then the
+    constant ``call_tir``\ s folded with one LLVM build (``fold_constant_calls``).  Its own
+    ``FoldConstant`` (right after ``LegalizeOps``) builds each PrimFunc it folds as a module of
+    its own: on an unrolled loop, hundreds of them (``where(arange == t, ...)`` writes, slices
+    of constants), ~12 s of the ~15 s that a tiny HF RWKV spent in the pipeline.  The dispatch
+    and ``LegalizeOps`` that the pipeline then runs find nothing left to do, and its
+    ``FoldConstant`` finds the same constants already computed."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
+
+    @tvm.transform.module_pass(opt_level=0, name="scanweaver.LegalizeAndFoldAtOnce")
+    def _pass(mod, _ctx):
+        with target:
+            mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target)
+                                           + [relax.transform.LegalizeOps()])(mod)
+        return fold_constant_calls(mod)
+
+    return _pass
+
+
+_CALL_TIR = None
+
+
+def fold_constant_calls(mod):
+    """What TVM's ``FoldConstant`` computes for the ``call_tir``\ s of ``mod`` whose arguments
+    are constants (or such calls' results), computed with one build: those PrimFuncs in one
+    module, built as ``FoldConstant`` builds each (``tirx.build`` for the plain ``llvm``
+    target), run in binding order; each folded binding is then bound to its constant
+    (``FoldConstant`` propagates it and removes what is left unused).  A call it does not fold
+    (a tuple output, a symbolic shape, symbolic arguments) is left to ``FoldConstant``; if the
+    build fails, ``mod`` is returned as it was."""
+    global _CALL_TIR  # pylint: disable=global-statement
+    _CALL_TIR = _CALL_TIR or tvm.ir.Op.get("relax.call_tir")
+    plans = {}                       # GlobalVar of a relax function -> [(binding, callee, args)]
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            plan = _constant_calls(mod, func)
+            if plan:
+                plans[gv] = plan
+    callees = {c for plan in plans.values() for _, c, _ in plan if c is not None}
+    if not callees:
+        return mod
+    names = {c: f"scanweaver_fold_{i}" for i, c in enumerate(sorted(callees, key=lambda g: g.name_hint))}
+    built = tvm.IRModule({names[c]: mod[c].with_attr("global_symbol", names[c]) for c in callees})
+    try:
+        runtime = tvm.tirx.build(built, target=tvm.target.Target("llvm"))
+    except tvm.error.TVMError:
+        return mod
+    out = mod.clone()
+    cpu = tvm.cpu()
+    for gv, plan in plans.items():
+        values = {}
+        for binding, callee, args in plan:
+            if callee is None:                               # an alias of a folded value
+                values[binding.var] = values[args]
+                continue
+            ty = binding.var.ty
+            result = tvm.runtime.empty(tuple(int(v) for v in ty.shape.values), ty.dtype, cpu)
+            runtime[names[callee]](*[values[a] if isinstance(a, relax.Var) else a.value for a in args], result)
+            values[binding.var] = result
+        out[gv] = _bind_constants(mod[gv], values)
+    return out
+
+
+def _bind_constants(func, values):
+    """``func`` with each binding of a var in ``values`` (var -> tensor) bound to that constant."""
+    blocks = []
+    for block in func.body.blocks:
+        bindings = [relax.VarBinding(b.var, relax.const(values[b.var])) if b.var in values else b
+                    for b in block.bindings]
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                          func.is_pure, func.attrs)
+
+
+def _constant_calls(mod, func):
+    """``[(binding, callee, args)]``: the bindings of ``func`` that ``FoldConstant`` would fold
+    (a ``call_tir`` of a PrimFunc in ``mod``, one tensor output of static shape, every argument
+    a constant or the result of such a binding), in binding order; an alias ``v = w`` of such a
+    result is ``(binding, None, w)``."""
+    known, plan = set(), []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = getattr(binding, "value", None)
+            if isinstance(value, relax.Var) and value in known:
+                known.add(binding.var)
+                plan.append((binding, None, value))
+                continue
+            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(value.args) != 2:
+                continue
+            callee, args = value.args
+            if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(mod[callee], tvm.tirx.PrimFunc):
+                continue
+            fields = list(args.fields)
+            if not all(isinstance(a, tvm.ir.expr.Constant) or (isinstance(a, relax.Var) and a in known)
+                       for a in fields):
+                continue
+            ty = binding.var.ty
+            shape = getattr(getattr(ty, "shape", None), "values", None)
+            # (one tensor output; ``value.ty_args`` raises in TVM 0.27's bindings: it reads a
+            # field named ``sinfo_args`` that the node no longer has)
+            if (not isinstance(ty, relax.TensorType) or shape is None
+                    or not all(isinstance(v, tvm.tirx.IntImm) for v in shape)):
+                continue
+            known.add(binding.var)
+            plan.append((binding, callee, fields))
+    return plan
+
