@@ -13,7 +13,7 @@ from tvm import relax
 
 import tir_schedules
 from scanweaver_core.scan_op import output_types, parse_scan
-from scanweaver_core.spec import MatrixScanSpec
+from scanweaver_core.spec import MatrixScanSpec, StabilizedScanSpec
 from tir_schedules import instance
 
 REALIZATIONS = ("tir", "mlir")
@@ -29,8 +29,10 @@ class _Lowerer(relax.PyExprMutator):
         self.device_modules = []  # runtime modules the executable must import (MLIR on CUDA)
 
     def _realize(self, spec):
-        if self.realization == "tir":
-            if self.database is not None and self.schedule is None:
+        # (the MLIR bridge has no stabilized kernel: TIR's serves it; nor has it a search space)
+        if self.realization == "tir" or isinstance(spec, StabilizedScanSpec):
+            if self.database is not None and self.schedule is None and \
+                    not isinstance(spec, StabilizedScanSpec):
                 from tir_schedules import search
 
                 choice = search.best_choice(self.database, spec, self.target)

@@ -1,4 +1,5 @@
-"""PyTorch's ``scan`` higher-order op -> ScanWeaver affine scans, for TVM's Relax frontend.
+"""PyTorch's ``scan`` higher-order op -> ScanWeaver affine scans, for TVM's Relax frontend;
+``torch.logcumsumexp`` -> a stabilized scan (TVM has no converter for it).
 
 ``torch._higher_order_ops.scan(combine_fn, init, xs, dim=, reverse=)`` survives
 ``torch.export`` as ``torch.ops.higher_order.scan(combine_graph, [init...], [xs...],
@@ -23,14 +24,22 @@ looks converters up by ``node.target.__name__`` (``"scan"`` for the op) and call
 as ``converter(node, importer)``.  Values of the outer graph are ``importer.env[fx_node]``; the
 combine graph is a ``GraphModule`` stored there by its ``get_attr`` node.  Relax exprs are
 emitted with ``importer.block_builder``.  Nothing in TVM is patched.
+
+``torch.logcumsumexp(x, dim)`` is the den-only stabilized scan with no decay
+(``StabilizedScanSpec``): ``log(sum_{s<=t} exp(x_s))`` kept as ``(den', max)``, so it neither
+overflows nor underflows at any magnitude (``log(cumsum(exp(x)))`` does both).  ``x`` is viewed
+as (before, L, after) with a reshape (no transpose): the time-major layout of the spec.
 """
 import math
 
 from tvm import relax
 
 from relax_pass.body import BodyError, TwoSteps, lift_body, stacked
+from scanweaver_core.exprs import tensor_dtype
+from scanweaver_core.scan_op import emit_stabilized_scan
+from scanweaver_core.spec import SUPPORTED_DTYPES
 
-__all__ = ["custom_convert_map", "UnsupportedScan"]
+__all__ = ["custom_convert_map", "UnsupportedScan", "convert_logcumsumexp"]
 
 class UnsupportedScan(ValueError):
     """A ``scan`` whose combine function is not an affine state update; the message names the
@@ -44,10 +53,30 @@ def _fail(why):
 def custom_convert_map():
     """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
     the converters that repair TVM's (``torch_repairs``)."""
-    from .torch_repairs import convert_conv1d, convert_convolution, convert_group_norm
+    from .torch_repairs import convert_conv1d, convert_convolution, convert_exp2, convert_group_norm
 
     return {"scan": convert_scan, "conv1d.default": convert_conv1d,
-            "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm}
+            "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm,
+            "logcumsumexp.default": convert_logcumsumexp, "exp2.default": convert_exp2}
+
+
+def convert_logcumsumexp(node, importer):
+    """``aten.logcumsumexp(x, dim)``: the stabilized den-only scan along ``dim`` (float32,
+    float16, bfloat16 as themselves, with a float32 state; float64 computed in float32)."""
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    shape = _static(x, f"logcumsumexp node '{node.name}'")
+    if not shape:                                   # a 0-d tensor is its own logcumsumexp
+        return x
+    dim %= len(shape)
+    emit = importer.block_builder.emit
+    dtype = tensor_dtype(x)
+    if dtype not in SUPPORTED_DTYPES:
+        x = emit(relax.op.astype(x, "float32"))
+    before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+    seq = emit(relax.op.reshape(x, (before, shape[dim], after)))
+    out = emit(relax.op.reshape(emit_stabilized_scan(emit, seq), shape))
+    return emit(relax.op.astype(out, dtype)) if dtype not in SUPPORTED_DTYPES else out
 
 
 def _static(expr, what):

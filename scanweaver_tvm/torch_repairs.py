@@ -24,6 +24,10 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   float").  It is computed in float64 and truncated back to the integer dtype: PyTorch's
   integer power wherever the result fits float64 exactly (|result| <= 2**53; a negative
   exponent gives 0 but for a base of 1 or -1).
+- ``torch.exp2`` (fla's ``naive_retention`` writes its decay with it) has no converter
+  ("Unsupported function types ['exp2.default']").  ``convert_exp2`` computes ``2 ** x`` with
+  ``power`` in the result's dtype (float32 for an integer ``x``, as PyTorch; float16/bfloat16
+  through float32).
 """
 import numpy as np
 import tvm
@@ -50,6 +54,18 @@ def convert_convolution(node, importer):
     if _all_float32((x, weight), bias) or transposed or len(importer.shape_of(weight)) != 3:
         return importer._convolution(node)  # pylint: disable=protected-access
     return _conv1d_in_float32(importer, node, x, weight, bias, stride, padding, dilation, groups)
+
+
+def convert_exp2(node, importer):
+    """``aten.exp2``: ``power(2, x)`` in the dtype PyTorch gives it (the node's fake value)."""
+    emit = importer.block_builder.emit
+    x = importer.env[node.args[0]]
+    dtype = str(node.meta["val"].dtype).replace("torch.", "")
+    wide = "float64" if dtype == "float64" else "float32"
+    if tensor_dtype(x) != wide:
+        x = emit(relax.op.astype(x, wide))
+    out = emit(relax.op.power(relax.const(2.0, wide), x))
+    return emit(relax.op.astype(out, dtype)) if dtype != wide else out
 
 
 def convert_group_norm(node, importer):

@@ -19,16 +19,18 @@ COST_MODELS = ("xgb", "world", "random")
 
 
 def scan_specs(mod):
-    """The distinct scan specs of a Relax module, after ``FuseAffineRecurrences``, in order."""
+    """The distinct scan specs of a Relax module, after ``FuseAffineRecurrences``, in order
+    (those with a search space: a stabilized scan keeps its kernel's defaults)."""
     from relax_pass.fuse import FuseAffineRecurrences
     from scanweaver_core.scan_op import parse_scan
+    from scanweaver_core.spec import StabilizedScanSpec
 
     fused = FuseAffineRecurrences()(mod)
     specs = []
 
     def visit(expr):
         parsed = parse_scan(expr)
-        if parsed is not None and parsed[0] not in specs:
+        if parsed is not None and parsed[0] not in specs and not isinstance(parsed[0], StabilizedScanSpec):
             specs.append(parsed[0])
 
     for _, func in fused.functions_items():

@@ -57,7 +57,11 @@ def sampled(spec, target, seed):
     return out
 
 
-@pytest.mark.parametrize("name", sorted(tir_schedules.REALIZATIONS))
+# stabilized_cpu (StabilizedScanSpec) has no MetaSchedule workload or knobs yet
+SEARCHED = sorted(n for n, m in tir_schedules.REALIZATIONS.items() if m.FORM in SPECS)
+
+
+@pytest.mark.parametrize("name", SEARCHED)
 def test_space_covers_every_knob(name):
     module = tir_schedules.REALIZATIONS[name]
     spec = SPECS[module.FORM]

@@ -67,9 +67,12 @@ def generate(spec: StabilizedScanSpec, lanes=16, tile=64, native_exp=False):
             dtypes = spec.buffer_dtypes()
             bufs = {n: T.arg(n, T.buffer(s, dtypes[n], layout=buffer_layout(s)))
                     for n, s in spec.buffer_shapes().items()}
-            with T.parallel(0, spec.batch * packs) as task:
-                named("task", task)
-                _Pack(spec, bufs, task // packs, task % packs, lanes, tile, native_exp).emit()
+            # a root block: a one-input kernel of one same-sized output is probed by Relax's
+            # RewriteDataflowReshape, whose HasReshapePattern requires the body to be a block
+            with T.sblock("root"):
+                with T.parallel(0, spec.batch * packs) as task:
+                    named("task", task)
+                    _Pack(spec, bufs, task // packs, task % packs, lanes, tile, native_exp).emit()
     return ib.get()
 
 
