@@ -161,8 +161,12 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     if name == "concat":
         return np.concatenate(args[0], axis=int(a.axis))
     if name == "nn.pad" and str(a.pad_mode) == "constant":
+        # a negative width crops (RWKV's time shift pads (1, -1) along time)
         width = [int(w) for w in a.pad_width]
-        return np.pad(args[0], [(width[2 * d], width[2 * d + 1]) for d in range(args[0].ndim)],
+        x = args[0]
+        crop = tuple(slice(max(0, -width[2 * d]), x.shape[d] - max(0, -width[2 * d + 1]))
+                     for d in range(x.ndim))
+        return np.pad(x[crop], [(max(0, width[2 * d]), max(0, width[2 * d + 1])) for d in range(x.ndim)],
                       constant_values=float(a.pad_value))
     if name == "scatter_nd":        # ONNX ScatterND (what ``o[:, :, t] = x`` exports to)
         return _scatter_nd(args[0], args[1], args[2], str(a.reduction))
