@@ -194,7 +194,7 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     if name == "matmul":
         return np.matmul(args[0], args[1])
     if name == "einsum":
-        return np.einsum(str(a.subscripts), *args[0])
+        return np.einsum(str(a.subscripts), *args[0], optimize=len(args[0]) > 2)
     if name in ("sum", "mean", "max", "min", "prod"):
         return _reduce({"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
                         "prod": np.prod}[name], call, args[0])

@@ -1,0 +1,187 @@
+"""Matrix-state scans in their chunked form, as the packages ship them: transformers' Mamba-2
+``mamba2_chunk_scan`` (its torch path, copied into Mamba2, Falcon-H1, Bamba, GraniteMoeHybrid,
+Nemotron-H and Zamba2) and the minimal SSD reference.  Each Mamba-2 layer must become one
+matrix scan with nothing of the blocked (chunks, chunk) form left after ``sw.pipeline``, and
+the model must equal PyTorch."""
+import numpy as np
+import pytest
+import torch
+
+import scanweaver_tvm as sw
+
+from harness import assert_outputs_match, run_model
+from test_hf_models import tensor_shapes
+
+transformers = pytest.importorskip("transformers")
+
+CHUNK = 6           # distinct from every other extent below, so a blocked tensor is visible
+MAMBA = dict(mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16,
+             mamba_chunk_size=CHUNK)
+COMMON = dict(vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=64)
+
+
+def _mamba2(groups=1, limit=(0.0, float("inf"))):
+    return transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+        vocab_size=64, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2, head_dim=16,
+        num_heads=8, n_groups=groups, conv_kernel=4, chunk_size=CHUNK, time_step_limit=limit))
+
+
+FAMILIES = {   # name -> (model, Mamba-2 layers)
+    "mamba2": (lambda: _mamba2(), 2),
+    "falcon_h1": (lambda: transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        **COMMON, num_hidden_layers=2, **MAMBA, mamba_n_groups=1, mamba_d_ssm=128, head_dim=16)), 2),
+    "bamba": (lambda: transformers.BambaForCausalLM(transformers.BambaConfig(
+        **COMMON, num_hidden_layers=2, attn_layer_indices=[1], **MAMBA, mamba_n_groups=1)), 1),
+    "granitemoehybrid": (lambda: transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+        **COMMON, num_hidden_layers=2, layer_types=["mamba", "attention"], num_local_experts=0,
+        shared_intermediate_size=64, **MAMBA, mamba_n_groups=1)), 1),
+    "nemotron_h": (lambda: transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        **COMMON, num_hidden_layers=3, hybrid_override_pattern="M*-", ssm_state_size=16,
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=1, chunk_size=CHUNK, head_dim=16)), 1),
+    "zamba2": (lambda: transformers.Zamba2ForCausalLM(transformers.Zamba2Config(
+        vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=64, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"],
+        mamba_d_state=16, mamba_headdim=16, n_mamba_heads=8, chunk_size=CHUNK, mamba_ngroups=1,
+        attention_head_dim=16)), 2),
+}
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits.float().numpy()
+
+
+def _blocked(shapes, length):
+    """Shapes of the blocked form: a (CHUNK, CHUNK) pair (weights within a chunk), or a
+    (chunks, CHUNK) pair in a tensor of rank 5 or more (batch, blocks, head, feature)."""
+    chunks = -(-length // CHUNK)
+    return [s for s in shapes if any(s[i:i + 2] == (CHUNK, CHUNK) or (s[i:i + 2] == (chunks, CHUNK)
+                                                                     and len(s) >= 5)
+                                     for i in range(len(s) - 1))]
+
+
+def _check(model, ids, layers):
+    mod = sw.from_torch(model, (ids,))
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("matrix", False, ids.shape[1])] * layers, found
+    assert all(r.chunked is not None for r in found)
+    lowered = sw.pipeline("llvm")(mod)
+    assert not _blocked(tensor_shapes(lowered), ids.shape[1]), "a blocked (chunks, chunk) tensor is left"
+    assert_outputs_match(run_model(mod, [ids]), [_logits(model, ids)], rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_mamba2_family_is_one_matrix_scan_per_layer(family):
+    make, layers = FAMILIES[family]
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))   # padded: 20 -> 24
+    _check(model, ids, layers)
+
+
+@pytest.mark.parametrize("batch,length", [(2, 2), (1, 3), (2, 12), (1, 25)])
+def test_mamba2_lengths_and_batches(batch, length):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(length))
+    _check(_mamba2().eval(), ids, 2)
+
+
+def test_mamba2_one_token_is_left_as_it_is():
+    """One step is no scan (as for Mamba-1's loop): nothing found, and still equal."""
+    model = _mamba2().eval()
+    ids = torch.randint(0, 64, (2, 1), generator=torch.Generator().manual_seed(0))
+    mod = sw.from_torch(model, (ids,))
+    assert sw.find_recurrences(mod, include_rejected=True) == []
+    assert_outputs_match(run_model(mod, [ids]), [_logits(model, ids)], rtol=1e-4)
+
+
+def test_mamba2_groups_and_time_step_limit():
+    """``n_groups > 1`` (B and C repeated from groups to heads) and a clamped dt."""
+    torch.manual_seed(0)
+    model = _mamba2(groups=2, limit=(0.01, 0.2)).eval()
+    ids = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(4))
+    _check(model, ids, 2)
+
+
+# ---------------------------------------------------------------- the minimal SSD reference
+
+def _segsum(x):
+    t = x.size(-1)
+    cs = torch.cumsum(x, dim=-1)
+    seg = cs[..., :, None] - cs[..., None, :]
+    mask = torch.tril(torch.ones(t, t, dtype=torch.bool), diagonal=0)
+    return seg.masked_fill(~mask, -torch.inf)
+
+
+class MinimalSSD(torch.nn.Module):
+    """``ssd_minimal_discrete`` as Mamba-2's authors state it (written here with reshapes for
+    einops' rearrange): X (b, l, h, p), A (b, l, h), B and C (b, l, h, n), an initial state
+    (b, h, p, n); returns Y and the final state."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, X, A, B, C, h0):
+        b, length, h, p = X.shape
+        c = length // self.block
+        X, A, B, C = (t.reshape(b, c, self.block, *t.shape[2:]) for t in (X, A, B, C))
+        A = A.permute(0, 3, 1, 2)
+        A_cumsum = torch.cumsum(A, dim=-1)
+        L = torch.exp(_segsum(A))
+        Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
+        decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
+        states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, X)
+        states = torch.cat([h0[:, None], states], dim=1)
+        decay_chunk = torch.exp(_segsum(torch.nn.functional.pad(A_cumsum[:, :, :, -1], (1, 0))))
+        new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+        states, final_state = new_states[:, :-1], new_states[:, -1]
+        Y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(A_cumsum))
+        return (Y_diag + Y_off).reshape(b, length, h, p), final_state
+
+
+def test_minimal_ssd_with_initial_and_final_state():
+    b, length, h, p, n = 2, 24, 3, 5, 7
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(b, length, h, p, generator=g), -torch.rand(b, length, h, generator=g),
+            torch.randn(b, length, h, n, generator=g), torch.randn(b, length, h, n, generator=g),
+            torch.randn(b, h, p, n, generator=g))
+    model = MinimalSSD(block=CHUNK)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected) for r in found] == [("matrix", False)], found
+    spec = found[0].chunked.spec
+    assert (spec.has_h0, spec.return_last_state, spec.decay) == (True, True, "scalar")
+    with torch.no_grad():
+        want = [t.numpy() for t in model(*args)]
+    assert_outputs_match(run_model(mod, list(args)), want, rtol=1e-4)
+
+
+class NotAScan(MinimalSSD):
+    """The same blocks, but the intra-chunk weights squared: linear in X only."""
+
+    def forward(self, X, A, B, C, h0):
+        b, length, h, p = X.shape
+        c = length // self.block
+        X, A, B, C = (t.reshape(b, c, self.block, *t.shape[2:]) for t in (X, A, B, C))
+        A = torch.cumsum(A.permute(0, 3, 1, 2), dim=-1)
+        G = torch.einsum("bclhn,bcshn->bhcls", C, B) ** 2
+        Y = torch.einsum("bhcls,bcshp->bclhp", G * torch.exp(A)[..., None], X)
+        return Y.reshape(b, length, h, p)
+
+
+def test_a_blocked_region_that_is_not_a_scan_is_a_near_miss_with_its_reason():
+    b, length, h, p, n = 1, 12, 2, 3, 4
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(b, length, h, p, generator=g), -torch.rand(b, length, h, generator=g),
+            torch.randn(b, length, h, n, generator=g), torch.randn(b, length, h, n, generator=g),
+            torch.randn(b, h, p, n, generator=g))
+    model = NotAScan(block=CHUNK)
+    mod = sw.from_torch(model, args[:4] + (args[4],))
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert len(found) == 1 and found[0].rejected and "not a matrix scan" in found[0].reason, found
+    assert "linear in" in found[0].reason
+    with torch.no_grad():
+        want = model(*args).numpy()
+    assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-5)
