@@ -46,8 +46,8 @@ from .interpret import Interpreter, Unsupported, random_input
 from .lift import Lifter, NotLiftable
 from .steps import Analysis
 
-__all__ = ["StabilizedMatch", "find_stabilized", "emit_stabilized", "FuseStabilizedScans",
-           "fuse_stabilized"]
+__all__ = ["StabilizedMatch", "find_stabilized", "find_stabilized_scans", "emit_stabilized",
+           "FuseStabilizedScans", "fuse_stabilized"]
 
 MIN_STEPS = 2
 RTOL = 1e-9
@@ -523,7 +523,8 @@ def _match(reader, steps, bindings):
                             channel_u=all((s.u is None and steps[0].u is None) or
                                           (s.u is not None and steps[0].u is not None and s.u.same_as(steps[0].u))
                                           for s in steps),
-                            bindings=tuple(sorted(v.name for v in region if v is not None)))
+                            bindings=tuple(sorted((v.name for v in region if v is not None),
+                                                  key=lambda n: (len(n), n))))
     if tensor_dtype(steps[0].k) not in SUPPORTED_DTYPES:
         raise NotStabilized(f"dtype {tensor_dtype(steps[0].k)}: scans take {'/'.join(SUPPORTED_DTYPES)}")
     if len(tensor_shape(steps[0].m) or ()) != 2:
@@ -595,6 +596,31 @@ def emit_stabilized(bb, match, visit):
             new = emit(relax.op.astype(new, tensor_dtype(old)))
         replaced.append((old, new))
     return replaced
+
+
+def find_stabilized_scans(mod):
+    """The stabilized loops of every Relax function in ``mod`` as ``chains.Recurrence``s of
+    form ``"stabilized"``: accepted ones carry their match (``rec.stabilized``), near misses
+    the reason (what ``FuseAffineRecurrences`` reports and rewrites, like its other forms)."""
+    from .chains import Recurrence  # pylint: disable=import-outside-toplevel
+
+    found = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
+        for var, match in find_stabilized(func, value, _users(func)):
+            if isinstance(match, StabilizedMatch):
+                first = match.steps[0]
+                found.append(Recurrence(gvar.name_hint, "stabilized", match.length, match.out_axis,
+                                        match.reverse, tensor_shape(first.prev_den), tensor_dtype(first.k),
+                                        match.bindings, stabilized=match))
+            else:
+                found.append(Recurrence(gvar.name_hint, "stabilized", 0, 0, False, tensor_shape(var) or (),
+                                        tensor_dtype(var), (var.name,), rejected=True,
+                                        reason=f"a max-stabilized loop from {var.name} is not a "
+                                               f"stabilized scan: {match}"))
+    return found
 
 
 def _users(func):

@@ -135,3 +135,13 @@ def test_a_stacked_loop_written_out():
     new, _ = fuse_stabilized(mod)
     assert new.script().count("scanweaver.stabilized_scan") == 1 and "R.maximum" not in new.script()
     assert_outputs_match(run_model(new, args), torch_outputs(model, args), rtol=1e-4)
+
+
+def test_as_recurrences_for_the_pass(rwkv):
+    """``find_stabilized_scans``: what FuseAffineRecurrences's hook reads (chains.Recurrence)."""
+    from relax_pass.stabilized import find_stabilized_scans
+    _, _, mod = rwkv
+    recs = find_stabilized_scans(mod)
+    assert [(r.form, r.rejected, r.length) for r in recs] == [("stabilized", False, 16)] * 2
+    assert all(isinstance(r.stabilized, StabilizedMatch) and r.stabilized.emit_at is not None for r in recs)
+    assert "stabilized recurrence in main" in repr(recs[0])
