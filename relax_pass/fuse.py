@@ -20,6 +20,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES
 from .chains import Recurrence, find_chains
 from .chunked import ChunkedMatch, find_chunked
 from .chunked_emit import emit_chunked
+from .unpad import unpad
 from .cumulative import cumulative_recurrences, cumulative_scan
 from .interpret import Interpreter, Unsupported, cached_constants
 from .lift import Lifter
@@ -87,6 +88,7 @@ def fuse(mod, cumulative=False):
         chunked = find_chunked_scans(mod)
         if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains
             mod, chunked = _fuse(mod, chunked)
+            mod = unpad(mod, _prune)               # the padding the region needed goes too
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         recurrences = chunked + recurrences
