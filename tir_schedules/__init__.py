@@ -12,11 +12,11 @@ from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanS
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
 from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu,
-               selective_cpu, selective_gpu, stabilized_cpu)
+               selective_cpu, selective_gpu, stabilized_cpu, stabilized_gpu)
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu, matrix_cpu, matrix_gpu,
-                                    stabilized_cpu)}
+                                    stabilized_cpu, stabilized_gpu)}
 
 
 def target_kind(target):
