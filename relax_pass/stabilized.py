@@ -206,11 +206,10 @@ class _Reader:
                                        and _is(self.val(a), "relax.add")])
 
     # 3. the readout ---------------------------------------------------------------------------
-    def readout(self, step, prev):
+    def readout(self, step):
         """The divide reading this step's output: before the update (the previous states and
         a bonus) or after it (this step's).  Searched from the step's key (a state may be a
         constant, which has no users)."""
-        del prev
         for d in self._divides_near(step.k):
             read = self._denominator_state(d)
             for den_var, m_var, bonus in ((step.prev_den, step.prev_m, True), (step.den, step.m, False)):
@@ -408,10 +407,10 @@ def _last_readout(reader, an, last):
     return step
 
 
-def _check_numbers(reader, match, params_rng=0):
+def _check_numbers(reader, match, seed=0):
     """Evaluate steps 0, 1 and the last with random previous states; they must equal the
     stabilized step (``algebra.log_apply``) of the operands read, the readout its formula."""
-    rng = np.random.default_rng(params_rng)
+    rng = np.random.default_rng(seed)
     leaves = VarMap()
 
     def leaf(var):
@@ -422,7 +421,7 @@ def _check_numbers(reader, match, params_rng=0):
     probe = Interpreter(reader.vmap, missing=leaf)
     for idx in sorted({0, 1, match.length - 1}):
         step = match.steps[idx]
-        shape = tensor_shape(step.m)
+        shape = tensor_shape(step.prev_den)
         given = VarMap()
         randoms = [(step.prev_m, rng.normal(size=shape) * 3), (step.prev_den, rng.random(shape) + 0.5)]
         if step.prev_num is not None:
@@ -475,10 +474,11 @@ def find_stabilized(func, value, users):
         return []
     reader = _Reader(func, value, users)
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
-    found = []
+    found, an = [], None
     for steps in reader.chains():
         try:
-            found.append((steps[0].m, _match(reader, steps, bindings)))
+            an = an or _analysis(bindings)
+            found.append((steps[0].m, _match(reader, steps, an)))
         except NotStabilized as err:
             found.append((steps[0].m, str(err)))
         except (Unsupported, NotLiftable, ValueError, TypeError, KeyError, IndexError) as err:
@@ -486,18 +486,27 @@ def find_stabilized(func, value, users):
     return found
 
 
-def _match(reader, steps, bindings):
+def _analysis(bindings):
+    """Slice templates of every binding, made in binding order (each reads its operands'
+    memoized ones: no recursion through a long unrolled loop)."""
+    an = Analysis(bindings)
+    for b in bindings:
+        if isinstance(b, relax.VarBinding):
+            an.template(b.var)
+    return an
+
+
+def _match(reader, steps, an):
     for step in steps:
         reader.couple(step)
     for prev, step in zip(steps, steps[1:]):
         if not step.prev_den.same_as(prev.den) or (step.num is not None) != (prev.num is not None) or \
                 (step.num is not None and not step.prev_num.same_as(prev.num)):
             raise NotStabilized(f"steps {prev.m.name} -> {step.m.name}: the states do not chain")
-    for i, step in enumerate(steps):
-        reader.readout(step, steps[i - 1] if i else None)
+    for step in steps:
+        reader.readout(step)
     if len({s.before for s in steps}) != 1:
         raise NotStabilized("some readouts read the state before the update, some after")
-    an = Analysis(bindings)
     if steps[0].before:
         extra = _last_readout(reader, an, steps[-1])
         if extra is not None:       # the last step's update is dead (exported away): its readout

@@ -130,9 +130,17 @@ def test_packs_overhanging_the_channels(lanes):
 
 
 def test_default_config():
-    assert stabilized_config(spec_of(channels=768, batch=8)) == {"lanes": 16, "tile": 64}
+    assert stabilized_config(spec_of(channels=768, batch=8)) == {"lanes": 16, "tile": 64, "group": 48}
+    assert stabilized_config(spec_of(channels=768, batch=1)) == {"lanes": 16, "tile": 64, "group": 12}
     assert stabilized_config(spec_of(channels=3))["lanes"] == 4
-    assert stabilized_config(spec_of(channels=16, batch=1))["lanes"] == 4
+    assert stabilized_config(spec_of(channels=16, batch=1, layout="channel_major"))["lanes"] == 4
+
+
+@pytest.mark.parametrize("group", [2, 3, 7])
+def test_packs_per_task(group):
+    """A task walking several packs per step (time-major), the last group and pack overhanging C."""
+    spec = spec_of(70, batch=3, channels=45, has_bonus=True, has_h0=True, return_last_state=True)
+    check(build(spec, lanes=4, group=group), spec, np.random.default_rng(group))
 
 
 def stabilized_config(spec):
