@@ -28,6 +28,7 @@ bench: setup
 	$(PY) -m bench.scan
 
 bench-models: setup
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m bench.models
 
 bench-numerics: setup

@@ -1,18 +1,26 @@
 """Whole-model CPU benchmark: PyTorch models with a recurrence, through TVM with and without
 the ScanWeaver pass, next to PyTorch eager, all measured in one run.
 
-    python -m bench.models [--quick] [--lengths 64 256 1024] [--out bench/out]
+    python -m bench.models [--quick] [--lengths 64 256 1024] [--models mamba2:1024 rwkv:64,256]
+                           [--out bench/out]
 
-For the Mamba block and the EMA model at each L: import time (torch.export + Relax frontend;
-the same module feeds both TVM paths, so it is reported once), compile and run time with the
-pass (``api.compile(mod, "llvm")``) and without it (``tvm.compile`` on the unrolled graph),
-and PyTorch eager (``torch.set_num_threads(2)``, ``no_grad``).  Both TVM outputs are checked
-against PyTorch (max relative error <= 1e-4; a failing check is reported, and makes the exit
-status 1).  Run times are medians of repeated ``VirtualMachine`` calls after a warm-up.  One
-profile per path says where the run time goes: each compiled kernel is timed on its own
-(scan kernel, other kernels), the rest of the run is the VM (builtins, dispatch), and the
-number of VM calls is counted.  Writes ``models.json`` (after every row, so a
-long run that dies keeps what it measured) and ``models.md`` into ``--out``.
+For each model at each L: import time (torch.export + Relax frontend; the same module feeds
+both TVM paths, so it is reported once), compile and run time with the pass
+(``api.compile(mod, "llvm")``) and without it (``tvm.compile`` on the unrolled graph), PyTorch
+eager (``torch.set_num_threads(2)``, ``no_grad``; and 1 thread) and OpenVINO (``ov.convert_model``
+of the same module, the CPU plugin at f32 with 2 threads).  Every output is checked against
+PyTorch (max relative error <= 1e-4 for the TVM paths; a failing TVM check is reported, and
+makes the exit status 1).  The run times are measured interleaved: round after round, each
+path in turn (a batch of calls >= 1 ms), so that a busy spell of the machine hits every path
+alike; medians over the rounds.  One profile per TVM path says where the run time goes: each
+compiled kernel is timed on its own (scan kernel, other kernels), the rest of the run is the VM
+(builtins, dispatch), and the number of VM calls is counted.  Writes ``models.json`` (after
+every row, so a long run that dies keeps what it measured) and ``models.md`` into ``--out``.
+
+``--models`` takes names, each optionally with its own lengths (``rwkv:64,256``); a name without
+lengths runs at ``--lengths`` (or the model's own default, ``MODEL_LENGTHS``).  The HF models
+at the real width import slowly as unrolled graphs (RWKV at L=1024: ~10 min), so ``mamba2`` and
+``rwkv`` are not in the default set.
 """
 import argparse
 import contextlib
@@ -31,8 +39,13 @@ from .models_report import THREADS, TOL, _targets, report
 
 LENGTHS = (64, 256, 1024)
 QUICK_LENGTHS = (16, 64)
-MODELS = ("mamba", "ema", "hf_mamba")
+MODELS = ("mamba", "ema", "hf_mamba", "mamba2", "rwkv")
+DEFAULT_MODELS = ("mamba", "ema", "hf_mamba")
+MODEL_LENGTHS = {"rwkv": (64, 256)}        # its unrolled import grows fast with L
 PATHS = (("with", "TVM + pass"), ("without", "TVM, no pass"))
+# the peers timed with the TVM paths: key in the row, label, whether it is a "best peer"
+PEERS = (("eager", f"PyTorch eager ({THREADS} threads)", True), ("eager_1t", "PyTorch eager (1 thread)", False),
+         ("openvino", "OpenVINO (CPU, f32)", True), ("ort", "ONNX Runtime", False))
 
 _T0 = time.perf_counter()
 
@@ -82,7 +95,56 @@ def make_model(name, length):
         return models.ema(length=length)
     if name == "hf_mamba":
         return hf_mamba(length)
+    if name == "mamba2":
+        return hf_mamba2(length)
+    if name == "rwkv":
+        return hf_rwkv(length)
     raise ValueError(name)
+
+
+def _logits(lm):
+    """``lm(input_ids).logits`` as a module (what users time)."""
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            return self.lm(input_ids, use_cache=False).logits
+
+    return Logits().eval()
+
+
+def _ids(vocab, batch, length):
+    import torch
+
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def hf_mamba2(length, layers=2, batch=1):
+    """transformers' ``Mamba2ForCausalLM`` at the real width of the 130m model (hidden 768,
+    24 heads of head_dim 64, state 128, one group, chunk 256, vocabulary 50280), random weights."""
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Mamba2Config(hidden_size=768, num_heads=24, head_dim=64, expand=2, state_size=128,
+                       n_groups=1, chunk_size=256, num_hidden_layers=layers, vocab_size=50280)
+    return _logits(Mamba2ForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+
+
+def hf_rwkv(length, layers=2, batch=1):
+    """transformers' ``RwkvForCausalLM`` at the real width of RWKV-4 169m (hidden 768,
+    vocabulary 50280), random weights; its CPU path is the per-step WKV loop."""
+    import torch
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    torch.manual_seed(0)
+    cfg = RwkvConfig(hidden_size=768, num_hidden_layers=layers, vocab_size=50280,
+                     context_length=max(1024, length))
+    return _logits(RwkvForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def hf_mamba(length, layers=2, batch=1):
@@ -93,18 +155,7 @@ def hf_mamba(length, layers=2, batch=1):
 
     torch.manual_seed(0)
     cfg = MambaConfig(hidden_size=768, state_size=16, num_hidden_layers=layers, expand=2)
-    lm = MambaForCausalLM(cfg).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids):
-            return self.lm(input_ids, use_cache=False).logits
-
-    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
-    return Logits().eval(), [ids]
+    return _logits(MambaForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def _flat(x):
@@ -190,8 +241,49 @@ def profile(vm, args, run_ms):
             "kernels_ms": other, "rest_ms": run_ms - scan - other, "kernels": kernels[:8]}
 
 
-def tvm_path(which, mod, inputs, want, budget_s):
-    """Compile ``mod`` with (``which == "with"``) or without the pass, check, time, profile."""
+ROUND_S = 0.02       # a round's batch of calls of one path lasts at least this long
+PAUSE_S = 0.005      # between two paths: the last one's spinning worker threads go idle
+
+
+def interleaved(runs, budget_s, max_rounds=30):
+    """Time the callables ``runs`` (label -> fn) round-robin: each round times every path once
+    (a batch of calls lasting >= ``ROUND_S``, sized from its warm-up call), until every path
+    has spent ``budget_s`` or ``max_rounds`` rounds have run; at least 3 rounds each, except
+    that a path whose one call exceeds ``budget_s`` stops after its warm-up call, which is then
+    its time.  A busy spell of the machine (another process on a core) then hits all paths
+    alike.  Between two paths a ``PAUSE_S`` sleep lets the previous runtime's spinning worker
+    threads (OpenMP, TBB, TVM's pool) go idle, and a batch amortizes the wake-up of its own.
+    Returns label -> ``{"ms": median, "min_ms", "n": rounds, "number": calls per round}``."""
+    number, spent, times = {}, dict.fromkeys(runs, 0.0), {k: [] for k in runs}
+    for label, fn in runs.items():           # warm-up, and the size of a round's batch
+        time.sleep(PAUSE_S)
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+        number[label] = max(1, min(1000, int(ROUND_S / max(one, 1e-7))))
+        if one > budget_s:                   # (too slow to repeat: that call is its time)
+            times[label].append(1e3 * one)
+            spent[label] = float("inf")
+    for _ in range(max_rounds):
+        live = [k for k in runs if spent[k] < budget_s or (len(times[k]) < 3 and spent[k] < float("inf"))]
+        if not live:
+            break
+        for label in live:
+            fn, n = runs[label], number[label]
+            time.sleep(PAUSE_S)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            dt = time.perf_counter() - t0
+            spent[label] += dt
+            times[label].append(1e3 * dt / n)
+    return {k: {"ms": statistics.median(v), "min_ms": min(v), "n": len(v), "number": number[k]}
+            for k, v in times.items()}
+
+
+def tvm_path(which, mod, inputs, want):
+    """Compile ``mod`` with (``which == "with"``) or without the pass and check it; returns
+    ``(res, (run, vm, args))``, the runner None when the path failed."""
     import tvm
 
     from scanweaver_tvm import api
@@ -208,41 +300,79 @@ def tvm_path(which, mod, inputs, want, budget_s):
         # an Executable JITs the whole module (LLVM's backend over every PrimFunc).  That is
         # compile time too, so it is measured and counted in "to runnable".
         with step(f"loading {label} (first VirtualMachine: LLVM JIT)", res, "load_s"):
-            run, vm, args = vm_runner(ex, inputs)
-            run()
+            runner = vm_runner(ex, inputs)
+            runner[0]()
         res["runnable_s"] = res["compile_s"] + res["load_s"]
-        res["rel_err"] = check(run(), want)
+        res["rel_err"] = check(runner[0](), want)
         res["ok"] = res["rel_err"] <= TOL
-        with step(f"timing {label}"):
-            res["run"] = time_ms(run, warmup=2, repeats=30, budget_s=budget_s, stats=True)
-        with step(f"profiling {label} (kernels timed one by one)"):
-            res["profile"] = profile(vm, args, res["run"]["ms"])
     except Exception as e:  # a failed path is a failed cell, not a failed run
         res.update(ok=False, error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
         log(f"  {label}: FAILED: {res['error']}")
-        return res
-    r, p = res["run"], res["profile"]
+        return res, None
     log(f"  {label:14s} compile {res['compile_s']:.1f} s + JIT {res['load_s']:.1f} s = "
-        f"{res['runnable_s']:.1f} s   run {r['ms']:9.3f} ms "
-        f"(min {r['min_ms']:.3f}, n={r['n']})   rel err {res['rel_err']:.1e} "
-        f"{'OK' if res['ok'] else 'FAILED CHECK'}   [{p['calls']} VM calls; scan kernel "
-        f"{p['scan_ms']:.3f} ms, other kernels {p['kernels_ms']:.3f} ms, rest (VM) "
-        f"{p['rest_ms']:.3f} ms]")
-    del ex, vm, run, args
-    return res
+        f"{res['runnable_s']:.1f} s   rel err {res['rel_err']:.1e} {'OK' if res['ok'] else 'FAILED CHECK'}")
+    return res, runner
 
 
-def eager(model, inputs, threads, budget_s):
+def _log_profile(label, res):
+    r, p = res["run"], res["profile"]
+    log(f"  {label:14s} run {r['ms']:9.3f} ms (min {r['min_ms']:.3f}, n={r['n']})   [{p['calls']} VM "
+        f"calls; scan kernel {p['scan_ms']:.3f} ms, other kernels {p['kernels_ms']:.3f} ms, "
+        f"rest (VM) {p['rest_ms']:.3f} ms]")
+
+
+def eager_runner(model, inputs, threads):
     import torch
 
-    torch.set_num_threads(threads)
-    try:
-        def run():
+    def run():
+        torch.set_num_threads(threads)
+        try:
             with torch.no_grad():
                 return model(*inputs)
-        return time_ms(run, warmup=2, repeats=30, budget_s=budget_s, stats=True)
-    finally:
-        torch.set_num_threads(THREADS)
+        finally:
+            torch.set_num_threads(THREADS)
+    return run
+
+
+def openvino_runner(model, inputs, want, threads=THREADS):
+    """OpenVINO on ``ov.convert_model`` of the same PyTorch module, compiled for its CPU plugin
+    at f32 (``INFERENCE_PRECISION_HINT``: its default on AVX-512/AMX CPUs is bf16) with
+    ``threads`` threads, checked against PyTorch.  Returns ``(res, run)``; where the
+    conversion or the compile fails, ``res["error"]`` says why and ``run`` is None."""
+    import torch
+
+    res = {}
+    try:
+        import openvino as ov                      # (pyproject's bench extra)
+
+        res["version"] = ov.__version__
+        with step("converting to OpenVINO (ov.convert_model)", res, "convert_s"), torch.no_grad():
+            converted = ov.convert_model(model, example_input=tuple(inputs))
+        with step("compiling OpenVINO (CPU plugin, f32)", res, "compile_s"):
+            compiled = ov.Core().compile_model(converted, "CPU", {
+                "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+                "PERFORMANCE_HINT": "LATENCY"})
+        res["precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        res["threads"] = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+        request = compiled.create_infer_request()
+        feed = [x.numpy() for x in inputs]
+
+        def run():
+            request.infer(feed)
+            return [request.get_output_tensor(i).data for i in range(len(compiled.outputs))]
+
+        got = run()
+        if len(got) != len(want):
+            raise AssertionError(f"{len(got)} outputs from OpenVINO, {len(want)} from PyTorch")
+        res["rel_err"] = max(rel_err(g, w) for g, w in zip(got, want))
+        res["ok"] = res["rel_err"] <= TOL
+        log(f"  OpenVINO       convert {res['convert_s']:.1f} s + compile {res['compile_s']:.1f} s   "
+            f"rel err {res['rel_err']:.1e} ({res['precision']}, {res['threads']} threads)")
+        return res, run
+    except Exception as e:  # pylint: disable=broad-except  # a failed cell, not a failed run
+        res["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        log(f"  OpenVINO: FAILED: {res['error']}")
+        return res, None
 
 
 def bench_one(name, length, budget_s):
@@ -267,26 +397,44 @@ def bench_one(name, length, budget_s):
         row["error"] = f"import failed: {type(e).__name__}: {e}".splitlines()[0][:300]
         log(f"  {row['error']}")
         return row
-    for which, _ in PATHS:
-        row[which] = tvm_path(which, mod, inputs, want, budget_s)
+    runs, vms = {}, {}
+    for which, label in PATHS:
+        row[which], runner = tvm_path(which, mod, inputs, want)
+        if runner is not None:
+            runs[which], vms[which] = runner[0], runner[1:]
         gc.collect()
-    with step(f"timing PyTorch eager ({THREADS} threads)"):
-        row["eager"] = eager(model, inputs, THREADS, budget_s)
-    with step("timing PyTorch eager (1 thread)"):
-        row["eager_1t"] = eager(model, inputs, 1, budget_s)
-    log(f"  PyTorch eager  {row['eager']['ms']:9.3f} ms ({THREADS} threads), "
-        f"{row['eager_1t']['ms']:.3f} ms (1 thread)")
+    row["openvino"], run = openvino_runner(model, inputs, want)
+    if run is not None:
+        runs["openvino"] = run
     if name == "hf_mamba":
-        row["ort"] = onnx_runtime(model, inputs, want, budget_s)
+        row["ort"], run = onnx_runtime(model, inputs, want)
+        if run is not None:
+            runs["ort"] = run
+    runs["eager"] = eager_runner(model, inputs, THREADS)
+    runs["eager_1t"] = eager_runner(model, inputs, 1)
+    with step(f"timing {len(runs)} paths interleaved ({', '.join(runs)})"):
+        timed = interleaved(runs, budget_s)
+    for key, stats in timed.items():
+        row.setdefault(key, {})["run"] = stats
+    for which, label in PATHS:
+        if which in vms:
+            with step(f"profiling {label} (kernels timed one by one)"):
+                row[which]["profile"] = profile(*vms[which], row[which]["run"]["ms"])
+            _log_profile(label, row[which])
+    vms.clear()
+    runs.clear()
+    for key, label, _ in PEERS:
+        if "run" in row.get(key, {}):
+            log(f"  {label:30s} {row[key]['run']['ms']:9.3f} ms (n={row[key]['run']['n']})")
     row["ratios"] = ratios(row)
     log("  " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
     return row
 
 
-def onnx_runtime(model, inputs, want, budget_s):
+def onnx_runtime(model, inputs, want):
     """ONNX Runtime (CPU provider, its default threads) on ``torch.onnx.export`` of ``model``
     (the TorchScript exporter: the loop unrolled, as our ONNX tests export), checked against
-    PyTorch.  Where the export or the session fails, the cell says why."""
+    PyTorch.  Returns ``(res, run)``; where the export or the session fails, the cell says why."""
     import io
     import warnings
 
@@ -304,14 +452,21 @@ def onnx_runtime(model, inputs, want, budget_s):
             session = onnxruntime.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
         feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
         res["rel_err"] = max(rel_err(o, w) for o, w in zip(session.run(None, feed), want))
-        with step("timing ONNX Runtime"):
-            res["run"] = time_ms(lambda: session.run(None, feed), warmup=2, repeats=30,
-                                 budget_s=budget_s, stats=True)
-        log(f"  ONNX Runtime   {res['run']['ms']:9.3f} ms   rel err {res['rel_err']:.1e}")
+        res["ok"] = res["rel_err"] <= TOL
+        log(f"  ONNX Runtime   rel err {res['rel_err']:.1e}")
+        return res, (lambda: session.run(None, feed))
     except Exception as e:  # pylint: disable=broad-except  # a failed cell, not a failed run
         res["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         log(f"  ONNX Runtime: FAILED: {res['error']}")
-    return res
+        return res, None
+
+
+def best_peer(row):
+    """``(key, ms)`` of the fastest of the peers users pick (PyTorch eager, 2 threads, and
+    OpenVINO), among those that ran and passed their check; None when none did."""
+    timed = [(row[k]["run"]["ms"], k) for k, _, best in PEERS
+             if best and "run" in row.get(k, {}) and row[k].get("ok", True)]
+    return (min(timed)[1], min(timed)[0]) if timed else None
 
 
 def ratios(row):
@@ -322,11 +477,14 @@ def ratios(row):
         out["tvm.compile speedup"] = wo["compile_s"] / w["compile_s"]
     if "run" in w and "run" in wo:
         out["run speedup"] = wo["run"]["ms"] / w["run"]["ms"]
-    if "run" in w and "run" in row.get("ort", {}):
-        out["vs onnxruntime"] = row["ort"]["run"]["ms"] / w["run"]["ms"]
     if "run" in w:
-        out["vs eager"] = row["eager"]["ms"] / w["run"]["ms"]
-        out["vs eager 1t"] = row["eager_1t"]["ms"] / w["run"]["ms"]
+        for key, name in (("eager", "vs eager"), ("eager_1t", "vs eager 1t"),
+                          ("openvino", "vs openvino"), ("ort", "vs onnxruntime")):
+            if "run" in row.get(key, {}):
+                out[name] = row[key]["run"]["ms"] / w["run"]["ms"]
+        best = best_peer(row)
+        if best:
+            out["vs best peer"] = best[1] / w["run"]["ms"]
     return out
 
 
@@ -338,7 +496,7 @@ def _machine():
 
     info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__,
-            "torch": torch.__version__, "tvm": tvm.__version__,
+            "torch": torch.__version__, "tvm": tvm.__version__, "openvino": _version("openvino"),
             "target": str(api._target("llvm")),
             "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "unset (TVM default)"),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
@@ -351,30 +509,55 @@ def _machine():
     return info
 
 
+def _version(package):
+    try:
+        from importlib.metadata import version
+        return version(package)
+    except Exception:  # pylint: disable=broad-except  # not installed
+        return None
+
+
 def _write(out_dir, result):
     return outputs.write(out_dir, "models", result, report(result))
+
+
+def _plan(specs, lengths):
+    """``[(name, lengths)]`` from ``--models`` items ``name`` or ``name:L1,L2``."""
+    plan = []
+    for spec in specs:
+        name, _, given = spec.partition(":")
+        if name not in MODELS:
+            raise SystemExit(f"--models: unknown model {name!r} (choose from {', '.join(MODELS)})")
+        own = [int(x) for x in given.split(",") if x] if given else None
+        plan.append((name, own or lengths or MODEL_LENGTHS.get(name, LENGTHS)))
+    return plan
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"L in {QUICK_LENGTHS}: a smoke run")
-    p.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {LENGTHS})")
-    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--lengths", type=int, nargs="+",
+                   help=f"sequence lengths (default {LENGTHS}; per model: {MODEL_LENGTHS})")
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="NAME[:L1,L2]",
+                   help=f"models ({', '.join(MODELS)}; default {' '.join(DEFAULT_MODELS)}), each "
+                        "optionally with its own lengths")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timing per method")
     args = p.parse_args(argv)
-    lengths = args.lengths or (QUICK_LENGTHS if args.quick else LENGTHS)
+    lengths = args.lengths or (QUICK_LENGTHS if args.quick else None)
+    plan = _plan(args.models, lengths)
     budget = 1.0 if args.quick else args.budget
 
     import torch
 
     torch.set_num_threads(THREADS)
-    result = {"machine": _machine(), "tol": TOL, "lengths": list(lengths), "rows": [], "notes": []}
-    log(f"whole-model benchmark: models {args.models}, L {list(lengths)}, "
+    result = {"machine": _machine(), "tol": TOL, "lengths": sorted({n for _, ls in plan for n in ls}),
+              "plan": [[name, list(ls)] for name, ls in plan], "rows": [], "notes": []}
+    log(f"whole-model benchmark: {', '.join(f'{n} L={list(ls)}' for n, ls in plan)}, "
         f"load average {result['machine']['loadavg_1min_start']:.1f}")
     loads = [result["machine"]["loadavg_1min_start"]]
-    for length in lengths:
-        for name in args.models:
+    for name, model_lengths in plan:
+        for length in model_lengths:
             row = bench_one(name, length, budget)
             row["loadavg_1min"] = os.getloadavg()[0]
             loads.append(row["loadavg_1min"])
@@ -389,6 +572,11 @@ def main(argv=None):
     failed += [f"{r['model']} L={r['L']}: {r['error']}" for r in result["rows"] if "error" in r]
     if failed:
         notes.append("FAILED (check above tolerance or error): " + "; ".join(failed))
+    peers = [f"{r['model']} L={r['L']} {label}: " + (r[key].get("error") or f"rel err {r[key]['rel_err']:.1e}")
+             for r in result["rows"] for key, label, _ in PEERS if key in ("openvino", "ort")
+             and key in r and (r[key].get("error") or not r[key].get("ok", True))]
+    if peers:
+        notes.append("peers that failed or missed the check (left out of the best peer): " + "; ".join(peers))
     result["machine"]["loadavg_1min_end"] = os.getloadavg()[0]
     if max(loads) > 0.5:
         notes.append(f"the machine was busy (1-min load average {min(loads):.1f}..{max(loads):.1f} "

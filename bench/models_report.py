@@ -1,7 +1,7 @@
 """The markdown report of ``bench.models``: tables of times and ratios, where the run time
 goes, and the issue's targets at the longest L."""
 TOL = 1e-4                      # max relative error of each TVM path against PyTorch
-THREADS = 2                     # PyTorch eager threads (the machine's cores)
+THREADS = 2                     # PyTorch eager and OpenVINO threads (the machine's cores)
 # What the issue asks at the longest L: compile >= 10x and run >= 20x faster than TVM without
 # the pass, and a faster run than PyTorch eager.
 TARGETS = {"compile speedup": 10.0, "run speedup": 20.0, "vs eager": 1.0}
@@ -23,7 +23,15 @@ def _chk(cell):
         return "—"
     if "rel_err" not in cell:
         return "error"
-    return f"{cell['rel_err']:.0e}" + ("" if cell["ok"] else " FAIL")
+    return f"{cell['rel_err']:.0e}" + ("" if cell.get("ok", True) else " FAIL")
+
+
+def _best(r):
+    """The best peer's cell: ``eager 301.7`` (the fastest of PyTorch eager with 2 threads and
+    OpenVINO, as ``bench.models.best_peer`` picks it)."""
+    timed = [(r[k]["run"]["ms"], name) for k, name in (("eager", "eager"), ("openvino", "OpenVINO"))
+             if "run" in r.get(k, {}) and r[k].get("ok", True)]
+    return "—" if not timed else f"{min(timed)[1]} {min(timed)[0]:.3f}"
 
 
 def _x(row, key):
@@ -37,30 +45,55 @@ def report(result):
              f"{m['cpu']}, {m['cores']} cores; TVM {m.get('tvm')} (target `{m['target']}`, "
              f"TVM_NUM_THREADS={m['TVM_NUM_THREADS']}), PyTorch {m.get('torch')} eager with "
              f"{THREADS} threads (and 1 thread for reference), no_grad; "
-             f"OMP_WAIT_POLICY={m['OMP_WAIT_POLICY']}.  Import = torch.export + Relax frontend, "
+             f"OMP_WAIT_POLICY={m['OMP_WAIT_POLICY']}; OpenVINO {m.get('openvino')} (`ov.convert_model` "
+             f"of the same module, CPU plugin, INFERENCE_PRECISION_HINT f32, {THREADS} threads).  "
+             "Import = torch.export + Relax frontend, "
              "shared by both TVM paths.  Compile = seconds until the model is runnable: "
              "`tvm.compile` + the LLVM JIT that the first `VirtualMachine` on the executable "
              "runs (TVM makes the machine code lazily), shown as total (compile + JIT).  Run in "
-             "ms, median of repeated `VirtualMachine` calls after a warm-up.  Check: max "
-             f"relative error against PyTorch (must be <= {TOL:.0e}).  Ratios: compile and run "
+             "ms: every path timed interleaved in the same run (round after round, each path in "
+             "turn, a batch of calls >= 1 ms), the median over the rounds.  Check: max "
+             f"relative error against PyTorch (must be <= {TOL:.0e}), TVM with the pass / "
+             "without / OpenVINO.  Ratios: compile and run "
              "speedup = without pass / with pass (compile: to runnable; `tvm.compile` alone in "
-             "parentheses); vs eager = PyTorch eager / TVM + pass.", "",
+             "parentheses); vs X = X's run time / TVM + pass's; best peer = the faster of "
+             "PyTorch eager (2 threads) and OpenVINO.", "",
              "| model | input | import s | compile s (pass) | compile s (no pass) | run ms (pass) "
-             "| run ms (no pass) | eager ms (2 thr) | eager ms (1 thr) | check pass / no pass "
-             "| compile speedup | run speedup | vs eager (2 thr) | vs eager (1 thr) |",
-             "|" + "---|" * 14]
+             "| run ms (no pass) | eager ms (2 thr) | eager ms (1 thr) | OpenVINO ms "
+             "| check pass / no pass / OpenVINO | compile speedup | run speedup | vs eager (2 thr) "
+             "| vs OpenVINO | best peer ms | vs best peer |",
+             "|" + "---|" * 17]
     for r in result["rows"]:
         shape = "x".join(map(str, r["input_shape"][0]))
         if "error" in r:
-            lines.append(f"| {r['model']} | {shape} | {r['error']} |" + " |" * 11)
+            lines.append(f"| {r['model']} | {shape} | {r['error']} |" + " |" * 14)
             continue
         lines.append(
             f"| {r['model']} | {shape} | {r['import_s']:.1f} | {_s(r['with'])} | {_s(r['without'])} "
-            f"| {_ms(r['with'])} | {_ms(r['without'])} | {r['eager']['ms']:.3f} "
-            f"| {r['eager_1t']['ms']:.3f} | {_chk(r['with'])} / {_chk(r['without'])} "
+            f"| {_ms(r['with'])} | {_ms(r['without'])} | {_ms(r.get('eager'))} "
+            f"| {_ms(r.get('eager_1t'))} | {_ms(r.get('openvino'))} "
+            f"| {_chk(r['with'])} / {_chk(r['without'])} / {_chk(r.get('openvino'))} "
             f"| {_x(r, 'compile speedup')} ({_x(r, 'tvm.compile speedup')}) "
-            f"| {_x(r, 'run speedup')} | {_x(r, 'vs eager')} "
-            f"| {_x(r, 'vs eager 1t')} |")
+            f"| {_x(r, 'run speedup')} | {_x(r, 'vs eager')} | {_x(r, 'vs openvino')} "
+            f"| {_best(r)} | {_x(r, 'vs best peer')} |")
+    ov = [r for r in result["rows"] if "openvino" in r]
+    if ov:
+        lines += ["", "## OpenVINO", "",
+                  "`ov.convert_model(model, example_input=...)` of the PyTorch module, compiled by "
+                  "`ov.Core().compile_model(..., \"CPU\", {INFERENCE_PRECISION_HINT: f32, "
+                  f"INFERENCE_NUM_THREADS: {THREADS}, PERFORMANCE_HINT: LATENCY}})`; rounds = "
+                  "interleaved timing rounds (calls per round).", "",
+                  "| model | L | convert s | compile s | run ms (OpenVINO) | rounds | check "
+                  "| run ms (TVM + pass) | pass vs OpenVINO |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in ov:
+            o = r["openvino"]
+            if "run" not in o:
+                lines.append(f"| {r['model']} | {r['L']} | {o.get('error', '?')} | | | | | | |")
+                continue
+            lines.append(f"| {r['model']} | {r['L']} | {o['convert_s']:.1f} | {o['compile_s']:.1f} "
+                         f"| {o['run']['ms']:.3f} | {o['run']['n']} ({o['run']['number']}) "
+                         f"| {_chk(o)} | {_ms(r.get('with'))} | {_x(r, 'vs openvino')} |")
     lines += ["", "## Where the run time goes", "",
               "One instrumented call per path records every VM call instruction; each compiled "
               "kernel is then timed on its own (copies of its first call's arguments, so no "

@@ -1,0 +1,58 @@
+"""bench.models' peers and timing: OpenVINO's runner checks its output against PyTorch's, the
+best peer leaves out a peer that missed its check, and the interleaved timer times a path
+too slow to repeat once."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from bench import models
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 8)
+        self.out = torch.nn.Linear(8, 5)
+
+    def forward(self, ids):
+        return torch.cumsum(self.out(self.emb(ids)), dim=1)
+
+
+def test_openvino_runner_checks_against_pytorch():
+    pytest.importorskip("openvino")
+    model, ids = _Tiny().eval(), torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = [model(ids).numpy()]
+    res, run = models.openvino_runner(model, [ids], want)
+    assert run is not None and res["ok"] and res["rel_err"] <= 1e-6, res
+    assert res["precision"] == "<Type: 'float32'>" and res["threads"] == models.THREADS
+    np.testing.assert_allclose(run()[0], want[0], rtol=1e-5, atol=1e-6)
+    wrong, _ = models.openvino_runner(model, [ids], [want[0] + 1.0])
+    assert not wrong["ok"] and wrong["rel_err"] > 1e-2
+
+
+def test_best_peer_leaves_out_a_peer_that_missed_its_check():
+    row = {"with": {"run": {"ms": 2.0}}, "eager": {"run": {"ms": 10.0}},
+           "openvino": {"run": {"ms": 4.0}, "ok": True}}
+    assert models.best_peer(row) == ("openvino", 4.0)
+    assert models.ratios(row)["vs best peer"] == 2.0
+    row["openvino"]["ok"] = False
+    assert models.best_peer(row) == ("eager", 10.0)
+
+
+def test_interleaved_times_every_path_and_a_slow_one_once():
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.06)
+
+    got = models.interleaved({"fast": fast, "slow": slow}, budget_s=0.05, max_rounds=5)
+    assert got["slow"]["n"] == 1 and calls["slow"] == 1 and got["slow"]["ms"] >= 60
+    assert 3 <= got["fast"]["n"] <= 5 and calls["fast"] == 1 + got["fast"]["n"] * got["fast"]["number"]
