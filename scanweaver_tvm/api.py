@@ -161,7 +161,7 @@ def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001
 
 def _legalize_and_fold_at_once(target):
     """The CPU pipeline's first steps, library dispatch and ``LegalizeOps``, then the
-    constant ``call_tir``\ s folded with one LLVM build (``fold_constant_calls``).  Its own
+    constant ``call_tir`` calls folded with one LLVM build (``fold_constant_calls``).  Its own
     ``FoldConstant`` (right after ``LegalizeOps``) builds each PrimFunc it folds as a module of
     its own: on an unrolled loop, hundreds of them (``where(arange == t, ...)`` writes, slices
     of constants), ~12 s of the ~15 s that a tiny HF RWKV spent in the pipeline.  The dispatch
@@ -183,15 +183,13 @@ _CALL_TIR = None
 
 
 def fold_constant_calls(mod):
-    """What TVM's ``FoldConstant`` computes for the ``call_tir``\ s of ``mod`` whose arguments
+    """What TVM's ``FoldConstant`` computes for the ``call_tir`` calls of ``mod`` whose arguments
     are constants (or such calls' results), computed with one build: those PrimFuncs in one
     module, built as ``FoldConstant`` builds each (``tirx.build`` for the plain ``llvm``
     target), run in binding order; each folded binding is then bound to its constant
     (``FoldConstant`` propagates it and removes what is left unused).  A call it does not fold
     (a tuple output, a symbolic shape, symbolic arguments) is left to ``FoldConstant``; if the
     build fails, ``mod`` is returned as it was."""
-    global _CALL_TIR  # pylint: disable=global-statement
-    _CALL_TIR = _CALL_TIR or tvm.ir.Op.get("relax.call_tir")
     plans = {}                       # GlobalVar of a relax function -> [(binding, callee, args)]
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
@@ -212,8 +210,8 @@ def fold_constant_calls(mod):
     for gv, plan in plans.items():
         values = {}
         for binding, callee, args in plan:
-            if callee is None:                               # an alias of a folded value
-                values[binding.var] = values[args]
+            if callee is None:                   # a constant bound to a var, or an alias
+                values[binding.var] = args.value if isinstance(args, tvm.ir.expr.Constant) else values[args]
                 continue
             ty = binding.var.ty
             result = tvm.runtime.empty(tuple(int(v) for v in ty.shape.values), ty.dtype, cpu)
@@ -238,12 +236,18 @@ def _bind_constants(func, values):
 def _constant_calls(mod, func):
     """``[(binding, callee, args)]``: the bindings of ``func`` that ``FoldConstant`` would fold
     (a ``call_tir`` of a PrimFunc in ``mod``, one tensor output of static shape, every argument
-    a constant or the result of such a binding), in binding order; an alias ``v = w`` of such a
-    result is ``(binding, None, w)``."""
+    a constant or the result of such a binding), in binding order; a constant bound to a var,
+    ``v = c``, or an alias ``v = w`` of a folded value is ``(binding, None, c or w)``."""
+    global _CALL_TIR  # pylint: disable=global-statement
+    _CALL_TIR = _CALL_TIR or tvm.ir.Op.get("relax.call_tir")
     known, plan = set(), []
     for block in func.body.blocks:
         for binding in block.bindings:
             value = getattr(binding, "value", None)
+            if isinstance(value, tvm.ir.expr.Constant) and isinstance(value.ty, relax.TensorType):
+                known.add(binding.var)                       # a constant bound to a var
+                plan.append((binding, None, value))
+                continue
             if isinstance(value, relax.Var) and value in known:
                 known.add(binding.var)
                 plan.append((binding, None, value))
@@ -264,7 +268,19 @@ def _constant_calls(mod, func):
             if (not isinstance(ty, relax.TensorType) or shape is None
                     or not all(isinstance(v, tvm.tirx.IntImm) for v in shape)):
                 continue
+            if not fields and _elements(shape) > _MAX_CREATED:
+                continue        # (FoldConstant's ShouldBeFolded: no large constant from nothing)
             known.add(binding.var)
             plan.append((binding, callee, fields))
     return plan
+
+
+_MAX_CREATED = 1024     # TVM 0.27's FoldConstant folds a call without tensor inputs up to this size
+
+
+def _elements(shape):
+    n = 1
+    for v in shape:
+        n *= int(v)
+    return n
 
