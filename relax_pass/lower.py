@@ -29,10 +29,9 @@ class _Lowerer(relax.PyExprMutator):
         self.device_modules = []  # runtime modules the executable must import (MLIR on CUDA)
 
     def _realize(self, spec):
-        # (the MLIR bridge has no stabilized kernel: TIR's serves it; nor has it a search space)
+        # (the MLIR bridge has no stabilized kernel: TIR's serves it)
         if self.realization == "tir" or isinstance(spec, StabilizedScanSpec):
-            if self.database is not None and self.schedule is None and \
-                    not isinstance(spec, StabilizedScanSpec):
+            if self.database is not None and self.schedule is None:
                 from tir_schedules import search
 
                 choice = search.best_choice(self.database, spec, self.target)

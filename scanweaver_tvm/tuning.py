@@ -13,24 +13,22 @@ from tvm import relax
 import tir_schedules
 from tir_schedules import search
 
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 COST_MODELS = ("xgb", "world", "random")
 
 
 def scan_specs(mod):
-    """The distinct scan specs of a Relax module, after ``FuseAffineRecurrences``, in order
-    (those with a search space: a stabilized scan keeps its kernel's defaults)."""
+    """The distinct scan specs of a Relax module, after ``FuseAffineRecurrences``, in order."""
     from relax_pass.fuse import FuseAffineRecurrences
     from scanweaver_core.scan_op import parse_scan
-    from scanweaver_core.spec import StabilizedScanSpec
 
     fused = FuseAffineRecurrences()(mod)
     specs = []
 
     def visit(expr):
         parsed = parse_scan(expr)
-        if parsed is not None and parsed[0] not in specs and not isinstance(parsed[0], StabilizedScanSpec):
+        if parsed is not None and parsed[0] not in specs:
             specs.append(parsed[0])
 
     for _, func in fused.functions_items():
@@ -69,7 +67,7 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when given),
     ``"random"``, or a ``tvm.s_tir.meta_schedule.cost_model.CostModel``.  ``"llvm"`` means this
     CPU (candidates are timed here); a CUDA target needs a GPU on this machine."""
-    if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec, MatrixScanSpec)):
+    if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec, MatrixScanSpec, StabilizedScanSpec)):
         specs = [mod_or_spec]
     elif isinstance(mod_or_spec, tvm.IRModule):
         specs = scan_specs(mod_or_spec)

@@ -166,3 +166,28 @@ def test_through_lower_scans():
     got = vm["main"](*[tvm.runtime.tensor(x) for x in ins.values()])
     for g, w in zip(got, expected(spec, ins)):
         assert_close(g.numpy().astype(np.float64), w, "float32", "through LowerScans")
+
+
+def test_tiny_tuning_run_feeds_compile(tmp_path):
+    """The kernel's knobs are a MetaSchedule space (tir_schedules.search): a tiny tuning run
+    writes records whose best ``LowerScans`` compiles, still correct."""
+    import scanweaver_tvm as sw
+    from tir_schedules import search
+
+    spec = spec_of(60, batch=2, channels=40, has_bonus=True, return_last_state=True)
+    db = sw.tune(spec, "llvm", trials=4, work_dir=tmp_path, seed=1, progress=False)
+    records = db.get_all_tuning_records()
+    assert 2 <= len(records) <= 4
+    best = search.best_choice(db, spec, "llvm")
+    assert best is not None and best.schedule == "stabilized_cpu"
+    ins = operands(spec, np.random.default_rng(3))
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(x.shape, str(x.dtype))) for n, x in ins.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(make_scan(spec, params))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(sw.compile(bb.get(), "llvm", database=db), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(x) for x in ins.values()])
+    for g, w in zip(got, expected(spec, ins)):
+        assert_close(g.numpy().astype(np.float64), w, "float32", f"tuned {best}")

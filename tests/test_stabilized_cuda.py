@@ -104,3 +104,20 @@ def test_realize_picks_it_for_cuda_and_lower_scans_compiles():
     lowered = LowerScans(target)(bb.get())
     ex = tvm.compile(lowered, target=target)
     assert any("__syncthreads" in s for s in cuda_check.module_cuda_sources(ex.mod))
+
+
+def test_sampled_gpu_decisions_compile_to_cuda():
+    """Points of the MetaSchedule space (tile x chunks threads) build as CUDA kernels of that size."""
+    import random
+
+    from tir_schedules import search
+
+    spec = REAL["rwkv4"]
+    rng = random.Random(5)
+    for _ in range(3):
+        values = search.knob_values("stabilized_gpu", spec)
+        knobs = {k: rng.choice(v) for k, v in values.items()}
+        mod = search.sample(tvm.s_tir.Schedule(search.workload_module(spec)), "stabilized_gpu", spec, knobs).mod
+        source = tvm.compile(search.realize_module(mod, CUDA), target=tvm.target.Target(CUDA)).mod \
+            .imports[0].inspect_source()
+        assert f"__launch_bounds__({knobs['tile'] * knobs['chunks']})" in source, knobs

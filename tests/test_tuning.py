@@ -19,11 +19,12 @@ import tir_schedules
 from harness import check_plain, plain_expected, plain_operands
 from scanweaver_core.scan_op import make_scan
 from scanweaver_core.reference import matrix_scan
-from scanweaver_core.spec import MatrixScanSpec
+from scanweaver_core.spec import MatrixScanSpec, StabilizedScanSpec
 from scanweaver_tvm import AffineScanSpec, SelectiveScanSpec
 from test_matrix_cpu import check as check_matrix
 from test_matrix_cpu import operands as matrix_operands
 from test_selective import check as check_selective
+from test_stabilized_cpu import check as check_stabilized
 from tir_schedules import search
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -38,8 +39,11 @@ MATRIX_VALUE = MatrixScanSpec.create(2, 3, 37, 5, 7, decay="value", g_shape=(2, 
 MATRIX_SELECTIVE = SelectiveScanSpec(2, 6, 37, 3, 3, has_D=True, has_z=True, has_delta_bias=True,
                                      delta_softplus=True, has_h0=True,
                                      return_last_state=True).as_matrix()   # Mamba-1, groups
-SPECS = {"affine": AFFINE, "selective": SELECTIVE, "matrix": MATRIX}
-CHECKS = {"affine": check_plain, "selective": check_selective, "matrix": check_matrix}
+STABILIZED = StabilizedScanSpec(2, 20, 37, "step", True, True, True, True, True)   # RWKV-like, reversed
+STABILIZED_CM = StabilizedScanSpec(2, 9, 37, "none", False, False, layout="channel_major")  # logcumsumexp
+SPECS = {"affine": AFFINE, "selective": SELECTIVE, "matrix": MATRIX, "stabilized": STABILIZED}
+CHECKS = {"affine": check_plain, "selective": check_selective, "matrix": check_matrix,
+          "stabilized": check_stabilized}
 # the benchmark shapes (bench/matrix.py): GLA-like key decay, Mamba-2-like scalar decay
 BENCH = [MatrixScanSpec.create(1, 16, 2048, 64, 64, decay="key"),
          MatrixScanSpec.create(1, 24, 2048, 128, 64, decay="scalar")]
@@ -57,11 +61,7 @@ def sampled(spec, target, seed):
     return out
 
 
-# stabilized_cpu (StabilizedScanSpec) has no MetaSchedule workload or knobs yet
-SEARCHED = sorted(n for n, m in tir_schedules.REALIZATIONS.items() if m.FORM in SPECS)
-
-
-@pytest.mark.parametrize("name", SEARCHED)
+@pytest.mark.parametrize("name", sorted(tir_schedules.REALIZATIONS))
 def test_space_covers_every_knob(name):
     module = tir_schedules.REALIZATIONS[name]
     spec = SPECS[module.FORM]
@@ -80,8 +80,10 @@ def test_space_covers_every_knob(name):
     assert annotated == {"scanweaver.schedule"} | {f"scanweaver.{k}" for k in values}
 
 
-@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE, MATRIX_SELECTIVE],
-                         ids=["affine", "selective", "matrix", "matrix_value", "matrix_selective"])
+@pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE, MATRIX_SELECTIVE, STABILIZED,
+                                  STABILIZED_CM],
+                         ids=["affine", "selective", "matrix", "matrix_value", "matrix_selective",
+                              "stabilized", "stabilized_channel_major"])
 def test_workloads_are_correct_scans(spec):
     mod = search.workload_module(spec)
     kernel = tvm.compile(mod, target="llvm").mod["main"]
@@ -96,7 +98,7 @@ def test_workloads_are_correct_scans(spec):
 def test_sampled_cpu_decisions_give_correct_kernels(seed):
     rng = np.random.default_rng(seed)
     host = tir_schedules.host_target()
-    for spec in (AFFINE, SELECTIVE, MATRIX, MATRIX_SELECTIVE):
+    for spec in (AFFINE, SELECTIVE, MATRIX, MATRIX_SELECTIVE, STABILIZED, STABILIZED_CM):
         for mod in sampled(spec, "llvm", seed):
             CHECKS[search.form_of(spec)](search.build_candidate(mod, host)["main"], spec, rng)
 

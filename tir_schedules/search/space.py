@@ -93,6 +93,27 @@ def _matrix_gpu(spec):
             "t_tile": [t for t in _pow2(1, 64) if t < 2 * spec.length]}
 
 
+def _stabilized_cpu(spec):
+    # packs of 1 .. 32 lanes (up to C's), packs per task (time-major) up to all of a row,
+    # channel-major tiles of 16 .. 256 steps (up to the first holding all of L)
+    lanes = _pow2(1, min(32, _ceil_pow2(spec.channels)))
+    groups = _pow2(1, _ceil_pow2(spec.channels)) if spec.layout == "time_major" else [1]
+    return {"lanes": lanes, "group": groups,
+            "tile": _pow2(16, max(16, min(256, _ceil_pow2(spec.length))))}
+
+
+def _stabilized_cpu_rule(spec, k):
+    """None, or what the kernel clamps: more packs per task than a row has."""
+    if k["group"] > -(-spec.channels // k["lanes"]):
+        return f"group {k['group']} > the {-(-spec.channels // k['lanes'])} packs of a row"
+    return None
+
+
+def _stabilized_gpu(spec):
+    return {"tile": _pow2(1, min(32, _ceil_pow2(spec.channels))),
+            "chunks": [c for c in _pow2(1, 16) if c <= max(1, spec.length // 8)]}
+
+
 def _matrix_cpu_rule(spec, k):
     """None, or what the kernel would clamp: lanes past (or not dividing) the V tile, readout
     sums past the rows, a rescaled piece past the tile; the locality of no prefetch."""
@@ -128,8 +149,10 @@ def _matrix_gpu_rule(spec, k):
 
 _KNOBS = {"cpu": _cpu, "selective_cpu": _selective_cpu, "blelloch": _blelloch,
           "warp": _warp, "chunked": _chunked, "selective_gpu": _selective_gpu,
-          "matrix_cpu": _matrix_cpu, "matrix_gpu": _matrix_gpu}
-_RULES = {"matrix_cpu": _matrix_cpu_rule, "matrix_gpu": _matrix_gpu_rule}
+          "matrix_cpu": _matrix_cpu, "matrix_gpu": _matrix_gpu,
+          "stabilized_cpu": _stabilized_cpu, "stabilized_gpu": _stabilized_gpu}
+_RULES = {"matrix_cpu": _matrix_cpu_rule, "matrix_gpu": _matrix_gpu_rule,
+          "stabilized_cpu": _stabilized_cpu_rule}
 
 
 def _default(name, spec):

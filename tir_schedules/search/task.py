@@ -41,6 +41,8 @@ def task_name(spec):
     form = form_of(spec)
     if form == "affine":
         return "affine_" + "x".join(map(str, spec.shape))
+    if form == "stabilized":
+        return "stabilized_" + "x".join(map(str, (spec.batch, spec.channels, spec.length))) + f"_{spec.decay}"
     if form == "matrix":
         dims = (spec.batch, spec.heads, spec.length, spec.key, spec.value)
         return "matrix_" + "x".join(map(str, dims)) + f"_{spec.decay}"

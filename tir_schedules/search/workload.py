@@ -15,16 +15,19 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec
+from scanweaver_core.algebra import LOG_FLOOR, log_apply, log_step
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 BLOCK = "scan"
 SPEC_ATTR = "scanweaver.spec"
 F32 = "float32"
-_KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec, "matrix": MatrixScanSpec}
+_KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec, "matrix": MatrixScanSpec,
+          "stabilized": StabilizedScanSpec}
 
 
 def form_of(spec):
-    """``"affine"``, ``"selective"`` or ``"matrix"``: the ``FORM`` of the spec's realizations."""
+    """``"affine"``, ``"selective"``, ``"matrix"`` or ``"stabilized"``: the ``FORM`` of the
+    spec's realizations."""
     for form, kind in _KINDS.items():
         if isinstance(spec, kind):
             return form
@@ -66,7 +69,8 @@ def require_static(spec):
 def scan_workload(spec):
     """The workload PrimFunc ``main`` of ``spec`` (concrete extents only: tuning measures it)."""
     require_static(spec)
-    return {"affine": _affine, "selective": _selective, "matrix": _matrix}[form_of(spec)](spec)
+    return {"affine": _affine, "selective": _selective, "matrix": _matrix,
+            "stabilized": _stabilized}[form_of(spec)](spec)
 
 
 def workload_module(spec):
@@ -244,3 +248,55 @@ def _matrix(spec):
                             with T.serial(0, n_k) as i:
                                 store("last", state[i], [bi, hi, i, c])
     return ib.get()
+
+
+def _stabilized(spec):
+    """One block per (batch, channel): the state (num, den, max) in a local buffer, the step
+    ``algebra.log_apply`` (with the bonus readout before it)."""
+    dtypes = spec.buffer_dtypes()
+    lanes = spec.batch * spec.channels
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True, SPEC_ATTR: spec_to_json(spec)})
+            bufs = {n: T.arg(n, T.buffer(shape, dtypes[n])) for n, shape in spec.buffer_shapes().items()}
+            with T.sblock("root"):
+                with T.serial(0, lanes) as lane:
+                    with T.sblock(BLOCK):
+                        vl = T.axis.spatial(lanes, lane)
+                        b, c = vl // spec.channels, vl % spec.channels
+                        h = T.sblock_alloc_buffer((4,), F32, scope="local")
+                        start = {"num": 0.0, "den": 0.0, "max": LOG_FLOOR}
+                        for i, name in enumerate(("num", "den", "max")):
+                            given = spec.has_h0 and name in spec.state_names()
+                            T.buffer_store(h, bufs[f"{name}0"][b, c] if given else tirx.const(start[name], F32), [i])
+                        with T.serial(0, spec.length) as s:
+                            t = spec.length - 1 - s if spec.reverse else s
+                            at = [b, t, c] if spec.layout == "time_major" else [b, c, t]
+                            k = _f32(bufs["k"][at], spec.dtype)
+                            v = _f32(bufs["v"][at], spec.dtype) if spec.has_values else None
+                            w = tirx.const(0.0, F32) if spec.decay == "none" else \
+                                bufs["w"][c] if spec.decay == "channel" else _f32(bufs["w"][at], spec.dtype)
+                            state = (h[0] if spec.has_values else None, h[1], h[2])
+                            ops = (T.exp, tirx.max)
+                            if spec.has_bonus:
+                                read = log_apply(log_step(tirx.const(0.0, F32), bufs["u"][c] + k, v), state, *ops)
+                                T.buffer_store(h, _readout(read), [3])
+                            new = log_apply(log_step(w, k, v), state, *ops)
+                            for i, x in enumerate(new):
+                                if x is not None:
+                                    T.buffer_store(h, x, [i])
+                            if not spec.has_bonus:
+                                T.buffer_store(h, _readout((h[0] if spec.has_values else None, h[1], h[2])), [3])
+                            out = h[3]
+                            T.buffer_store(bufs["out"], tirx.Cast(spec.dtype, out) if spec.dtype != F32 else out, at)
+                        if spec.return_last_state:
+                            for i, name in enumerate(("num", "den", "max")):
+                                if name in spec.state_names():
+                                    T.buffer_store(bufs[f"last_{name}"], h[i], [b, c])
+    return ib.get()
+
+
+def _readout(state):
+    num, den, top = state
+    return num / den if num is not None else top + T.log(den)
