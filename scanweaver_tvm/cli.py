@@ -192,8 +192,15 @@ def _existing_scans(mod):
 
 
 def _spec_line(function, var, spec, origin):
-    from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, symbol_name
+    from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanSpec, symbol_name
 
+    if isinstance(spec, StabilizedScanSpec):
+        extras = "".join(f" {name}" for name, on in (
+            ("den-only", not spec.has_values), ("bonus", spec.has_bonus), ("h0", spec.has_h0),
+            ("channel-major", spec.layout == "channel_major")) if on)
+        return (f"{'stabilized':<9} L={spec.length:<5} batch={spec.batch} channels={spec.channels} "
+                f"decay={spec.decay}{extras} {'reverse' if spec.reverse else 'forward'} {spec.dtype}  "
+                f"in {function} ({var}: {origin})")
     if isinstance(spec, MatrixScanSpec):
         extras = "".join(f" {name}" for name, on in (
             ("channel-major", spec.layout == "channel_major"), ("skip", spec.has_skip),
@@ -208,6 +215,12 @@ def _spec_line(function, var, spec, origin):
                 f"{spec.dtype}  in {function} ({var}: {origin})")
     return (f"{'selective':<9} L={symbol_name(spec.length):<5} batch={spec.batch} dim={spec.dim} dstate={spec.dstate} "
             f"{spec.dtype}  in {function} ({var}: {origin})")
+
+
+def _is_stabilized(spec):
+    from scanweaver_core.spec import StabilizedScanSpec
+
+    return isinstance(spec, StabilizedScanSpec)
 
 
 def cmd_report(args, steps):
@@ -231,6 +244,7 @@ def cmd_report(args, steps):
         print(f"  scan       {_recurrence_line(rec)}")
     for function, var, scan_spec in existing:
         origin = ("fused in every trace, then generalized" if args.dynamic_dim or scan_spec.is_symbolic
+                  else "torch.logcumsumexp, imported as a scan" if _is_stabilized(scan_spec)
                   else "an ONNX Scan/Loop, imported as a scan" if spec.kind == "onnx"
                   else "a torch scan, imported as a scan")
         print(f"  scan       {_spec_line(function, var, scan_spec, origin)}")

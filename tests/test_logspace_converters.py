@@ -117,3 +117,32 @@ def test_mingru_pytorch_package(prev):
     args = (x, torch.rand(2, 1, 36) + 0.1) if prev else (x,)
     mod = _compile_and_compare(model, args, rtol=1e-5)
     assert "scanweaver.stabilized_scan" in mod.script()
+
+
+LCSE_MODELS = """
+import torch
+from torch import nn
+
+
+class LogCumSumExp(nn.Module):
+    def forward(self, x):
+        return torch.logcumsumexp(x, dim=1)
+
+
+def lcse(length=12):
+    return LogCumSumExp(), (torch.randn(2, length, 5),)
+"""
+
+
+def test_cli_report_names_the_stabilized_scan(capsys, tmp_path):
+    from scanweaver_tvm import cli
+
+    path = tmp_path / "lcse_models.py"
+    path.write_text(LCSE_MODELS)
+    code = cli.main(["report", f"{path}:lcse", "--length", "12", "-q"])
+    out, _ = capsys.readouterr()
+    assert code == 0, out
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("scan ")]
+    for word in ("stabilized", "L=12", "batch=2", "channels=5", "decay=none", "den-only", "forward",
+                 "torch.logcumsumexp"):
+        assert word in line, line
