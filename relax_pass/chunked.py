@@ -10,8 +10,8 @@ contraction over them) make the output, reshaped back.  Found by what it compute
    and one that merges blocks back (its exit), holding a ``cumsum``;
 2. its *operands*: the tensors the entries reshape (seen through their zero padding), and any
    other data it reads (an initial state);
-3. their roles and layouts, read by evaluating the region in float64 on random operands: the
-   operand it is not linear in is the log-decay, the others are q, k and v; each tensor's dims
+3. their roles and layouts: the operand its cumsums sum is the log-decay, the others are q, k
+   and v (v has the output's extents; else probe runs tell); each tensor's dims
    get batch/head/feature labels consistent with their extents; the first assignment whose
    output equals ``reference.matrix_scan`` (and whose other outputs equal its final state) is
    the match.  The rewrite is then validated like every other (``validate.py``).
@@ -68,6 +68,10 @@ class ChunkedMatch:
     final: tuple             # ((var, labels), ...): other uses that are the final state
     emit_at: relax.Var       # the first of output / final vars in binding order
     region: frozenset        # the region's bindings (replaced)
+
+    def inputs(self):
+        """The tensors the region is computed from (all but constants)."""
+        return [op.var for op in (self.q, self.k, self.v, self.log_decay, self.h0) if op is not None]
 
 
 # ---------------------------------------------------------------- the region
@@ -274,15 +278,6 @@ def from_canonical(o, labels, shape, roles=("B", "H", "L", "V")):
 
 # ---------------------------------------------------------------- matching
 
-def _linear_in(probe, env, exit_var, var, y0):
-    """Whether the output is linear in the input ``var`` (doubles when it doubles)."""
-    env2 = VarMap(env.items())
-    env2[var] = 2.0 * env[var]
-    y1 = probe(env2, [exit_var])[0]
-    scale = max(1e-300, float(np.max(np.abs(y0))))
-    return float(np.max(np.abs(y1 - 2.0 * y0))) <= 1e-9 * scale
-
-
 def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     """A ``ChunkedMatch`` for the region ending at ``exit_var``; raises ``NotChunked``."""
     region = _region(facts, exit_var, tainted, entries)
@@ -325,24 +320,22 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
         raise NotChunked(f"dtypes {sorted({tensor_dtype(v) for v in seq} | {dtype})}: one of "
                          f"{'/'.join(SUPPORTED_DTYPES)} is needed throughout")
 
+    log_decay = _log_decay(facts, region, blocks, sources)
+    linear = [v for v in seq if log_decay is None or not v.same_as(log_decay)]
+    if len(linear) != 3:
+        raise NotChunked(f"of its {len(seq)} blocked inputs {len(seq) - len(linear)} reach its "
+                         "cumsums (a chunked matrix scan has one log-decay besides q, k and v)")
     probe = _Probe(facts, region, seq + side)
     rng = np.random.default_rng(11)
     env = VarMap((v, rng.uniform(-0.5, 0.5, shapes[v])) for v in seq)
     for s in side:        # zero for the probes of roles (an initial state adds an offset)
         env[s] = np.zeros(tensor_shape(s))
     try:
-        y0 = probe(env, [exit_var])[0]
-        linear = [v for v in seq if _linear_in(probe, env, exit_var, v, y0)]
-        nonlinear = [v for v in seq if v not in linear]
-        if len(linear) != 3 or len(nonlinear) > 1:
-            raise NotChunked(f"it is linear in {len(linear)} of its {len(seq)} blocked inputs "
-                             "(a matrix scan is linear in q, k and v)")
-        orders = _role_orders(probe, exit_var, linear, env, y0, exit_axis, sources, length)
+        orders = _role_orders(probe, exit_var, linear, env, exit_axis, sources, length)
     except (Unsupported, ValueError, TypeError, IndexError, KeyError, ArithmeticError) as err:
         raise NotChunked(f"it cannot be evaluated: {error_line(err)}") from None
     for s in side:
         env[s] = rng.uniform(-1.0, 1.0, tensor_shape(s))
-    log_decay = nonlinear[0] if nonlinear else None
     # the oracle's inputs: decays below 1, the others as before
     if log_decay is not None:
         env[log_decay] = rng.uniform(-0.6, 0.0, shapes[log_decay])
@@ -376,7 +369,8 @@ def _assign(orders, env, y, ext_values, exit_var, exit_axis, log_decay, side, ex
     checked = 0
     for q, k, v in orders:
         for out_labels in _labelings(y_shape, exit_axis, ("B", "H", "V"), ("V",)):
-            known0 = _extents(y_shape, out_labels, {})
+            # (the output is full on batch and heads: a lane it lacks has extent 1 everywhere)
+            known0 = _extents(y_shape, out_labels, {r: 1 for r in ("B", "H") if r not in out_labels})
             for v_labels in _labelings(tensor_shape(v), sources[v], ("B", "H", "V"), ("V",)):
                 known1 = _extents(tensor_shape(v), v_labels, known0)
                 if known1 is None:
@@ -412,13 +406,26 @@ def _assign(orders, env, y, ext_values, exit_var, exit_axis, log_decay, side, ex
     raise NotChunked("no assignment of q, k, v and their dims gives the matrix scan")
 
 
-def _role_orders(probe, exit_var, linear, env, y, exit_axis, sources, length):
-    """(q, k, v) orders of the three linear inputs, likeliest first: one element changed at a
-    step changes the output at that step only through q, at every later step through k and
-    v, and at one feature only through v."""
+def _dim_sizes(x, time_axis):
+    """The extents of ``x``'s dims other than time and unit ones, sorted."""
+    return sorted(n for d, n in enumerate(tensor_shape(x)) if d != time_axis and n != 1)
+
+
+def _role_orders(probe, exit_var, linear, env, exit_axis, sources, length):
+    """(q, k, v) orders of the three linear inputs, likeliest first: v has the output's
+    extents; one element changed at a step changes the output at that step only through q, at
+    every later step through k and v, and at one feature only through v (a probe run for each
+    input that the extents leave undecided)."""
+    orders = list(itertools.permutations(linear))
+    out_extents = _dim_sizes(exit_var, exit_axis)
+    fits = [o for o in orders if _dim_sizes(o[2], sources[o[2]]) == out_extents]
+    probed = [fits[0][0]] if len(fits) == 2 else linear     # (v known: which of two is q)
+    if len(fits) == 1:
+        return fits + [o for o in orders if o not in fits]
+    y = probe(env, [exit_var])[0]
     t0 = length // 2
-    reach = {}
-    for x in linear:
+    reach = {x: (False, 0) for x in linear}
+    for x in probed:
         env2 = VarMap(env.items())
         bumped = np.array(env[x])
         idx = [0] * bumped.ndim
@@ -428,11 +435,37 @@ def _role_orders(probe, exit_var, linear, env, y, exit_axis, sources, length):
         changed = np.abs(probe(env2, [exit_var])[0] - y) > 1e-12 * max(1.0, float(np.max(np.abs(y))))
         per_step = np.moveaxis(changed, exit_axis, 0).reshape(changed.shape[exit_axis], -1)
         reach[x] = (list(np.nonzero(per_step.any(1))[0]) == [t0], int(changed.sum()))
+    if len(probed) == 1:                    # of the two, q is the other one when not this
+        reach[fits[0][1]] = (not reach[probed[0]][0], 0)
 
     def unlikely(order):
         q, k, v = order
-        return (not reach[q][0], reach[k][1] < reach[v][1])
-    return sorted(itertools.permutations(linear), key=unlikely)
+        return (order not in fits, not reach[q][0], reach[k][1] < reach[v][1])
+    return sorted(orders, key=unlikely)
+
+
+def _log_decay(facts, region, blocks, sources):
+    """The blocked input the region's cumsums over a block are computed from (the log-decay;
+    None when none is), or NotChunked when several are."""
+    cumsums = [v for v in region if op_name(facts.value[v]) == "relax.cumsum"]
+    reached = set()
+    for c in cumsums:
+        seen, stack = VarMap(), [c]
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen[v] = True
+            if v in sources:
+                reached.add(v)
+            elif v in region or _pad_of(facts, v, sources):
+                stack.extend(facts.reads[v])
+            elif v in facts.value and op_name(facts.value[v]) == "relax.reshape":
+                stack.extend(facts.reads[v])          # an entry's reshape
+    if len(reached) > 1:
+        raise NotChunked(f"its cumsums read {len(reached)} of its blocked inputs "
+                         "(a chunked matrix scan sums one log-decay)")
+    return next(iter(reached), None)
 
 
 def _key_labelings(q, k, sources, known):

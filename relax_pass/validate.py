@@ -47,13 +47,17 @@ def check_types(old_func, new_func, replaced):
                                    f"was {_type_text(var.ty)}")
 
 
-def _probe(old_values, new_values, same, replaced, scale, seed):
+def _probe(old_values, new_values, same, replaced, scale, seed, given=()):
     """Both sides on one set of probe inputs: the parameters, and the values of ops the
     interpreter does not know outside the rewritten region, are random; everything else is
     computed from them.  A value bound identically on both sides is computed once (on the
-    original side) and shared, so the two sides always see consistent inputs."""
+    original side) and shared, so the two sides always see consistent inputs.  The vars of
+    ``given`` (bound the same on both sides) are probe inputs too: the check is then local
+    to what is computed from them."""
     rng = np.random.default_rng(seed)
     leaves = VarMap()
+    for var in given:
+        leaves[var] = random_input(var.ty, rng, scale)
 
     def leaf(var):
         if var not in leaves:
@@ -62,11 +66,13 @@ def _probe(old_values, new_values, same, replaced, scale, seed):
 
     old_side = Interpreter(old_values, missing=leaf, opaque=same)
     new_side = Interpreter(new_values, missing=leaf, shared=lambda v: old_side(v) if v in same else None)
+    for var in given:
+        old_side.memo[var] = leaves[var]
     return [(var, old_side(var), new_side(new)) for var, new in replaced]
 
 
-def check_values(old_func, new_func, replaced, seed=0):
-    """(b): both sides agree on probe inputs."""
+def check_values(old_func, new_func, replaced, seed=0, given=()):
+    """(b): both sides agree on probe inputs (``given``: see ``_probe``)."""
     old_values, new_values = _values(old_func), _values(new_func)
     same = VarMap((v, True) for v, val in old_values.items() if v in new_values and new_values[v].same_as(val))
     params = VarMap((p, True) for p in new_func.params)
@@ -74,7 +80,7 @@ def check_values(old_func, new_func, replaced, seed=0):
     replaced = [(v, n) for v, n in replaced if not isinstance(n, relax.Var) or n in new_values or n in params]
     try:
         for scale in SCALES:
-            pairs = _probe(old_values, new_values, same, replaced, scale, seed)
+            pairs = _probe(old_values, new_values, same, replaced, scale, seed, given)
             if all(np.all(np.isfinite(np.asarray(old, dtype=np.float64))) for _, old, _ in pairs):
                 break
         else:
@@ -90,12 +96,13 @@ def check_values(old_func, new_func, replaced, seed=0):
             raise ValidationFailed(f"{var.name} differs on probe inputs: relative error {err:.3g}")
 
 
-def validate(old_func, new_func, replaced):
-    """``(ok, message, seconds)`` for one rewrite's ``replaced`` ``[(old var, new expr)]``."""
+def validate(old_func, new_func, replaced, given=()):
+    """``(ok, message, seconds)`` for one rewrite's ``replaced`` ``[(old var, new expr)]``;
+    ``given``: vars bound alike on both sides taken as probe inputs (a region's operands)."""
     start = time.perf_counter()
     try:
         check_types(old_func, new_func, replaced)
-        check_values(old_func, new_func, replaced)
+        check_values(old_func, new_func, replaced, given=given)
     except ValidationFailed as err:
         return False, str(err), time.perf_counter() - start
     return True, "", time.perf_counter() - start
