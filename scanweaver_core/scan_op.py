@@ -55,7 +55,7 @@ def _types(spec, dim):
         return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
     if isinstance(spec, StabilizedScanSpec):
         dtypes = spec.buffer_dtypes()
-        return [relax.TensorType(list(shape), dtypes[n]) for n, shape in spec.output_shapes().items()]
+        return [relax.TensorType([dim(d) for d in shape], dtypes[n]) for n, shape in spec.output_shapes().items()]
     if isinstance(spec, MatrixScanSpec):
         shapes = [spec.out_shape] + ([spec.state_shape] if spec.return_last_state else [])
         return [relax.TensorType([dim(d) for d in shape], spec.dtype) for shape in shapes]
@@ -75,6 +75,8 @@ def _operand_dims(spec, operands):
             for name, value in (_dims_of(spec, operand, shape) or {}).items():
                 dims.setdefault(name, value)
         return dims if set(dims) >= set(symbol_identifiers(spec)) else None
+    if isinstance(spec, StabilizedScanSpec):     # k's shape names them
+        return _dims_of(spec, operands[0], spec.seq_shape)
     source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
     extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
     return _dims_of(spec, source, extents)

@@ -528,7 +528,8 @@ class StabilizedScanSpec:
     float32 (no initial state is the empty sum: ``num0 = den0 = 0``, ``max0 = -1e38``);
     ``return_last_state`` adds ``last_num`` (with values), ``last_den``, ``last_max`` (B, C)
     float32.  ``reverse`` runs from the end.  ``k``, ``v`` and a per-step ``w`` are in
-    ``dtype`` (float32/float16/bfloat16); the state is float32.  Extents are ints."""
+    ``dtype`` (float32/float16/bfloat16); the state is float32.  ``batch`` and ``length`` may be
+    symbolic (names); ``channels`` is an int."""
 
     batch: int
     channels: int
@@ -545,16 +546,18 @@ class StabilizedScanSpec:
     def __post_init__(self):
         for name in ("batch", "channels", "length"):
             value = _check_extent(name, getattr(self, name))
-            if isinstance(value, str):
-                raise ValueError(f"{name}: must be a positive int (a stabilized scan has no "
-                                 "symbolic extents)")
+            if isinstance(value, str) and name == "channels":
+                raise ValueError("channels: must be a positive int (only batch and length may be symbolic)")
         if self.decay not in STABILIZED_DECAYS:
             raise ValueError(f"decay: {self.decay!r} is not one of {STABILIZED_DECAYS}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: {self.layout!r} is not one of {LAYOUTS}")
         _check_dtype(self.dtype)
 
-    is_symbolic = False
+    @property
+    def is_symbolic(self):
+        """True when batch or length is known only at call time."""
+        return is_symbolic(self.batch) or is_symbolic(self.length)
 
     @property
     def seq_shape(self):

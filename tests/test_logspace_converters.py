@@ -146,3 +146,25 @@ def test_cli_report_names_the_stabilized_scan(capsys, tmp_path):
     for word in ("stabilized", "L=12", "batch=2", "channels=5", "decay=none", "den-only", "forward",
                  "torch.logcumsumexp"):
         assert word in line, line
+
+
+def test_logcumsumexp_dynamic_length_compiles_once():
+    """``dynamic_shapes``: traced at a few lengths, generalized to a symbolic L (the stabilized
+    spec takes a named length); one executable for L = 1 .. 1025; it builds for CUDA too."""
+    import tvm
+    from tvm import relax
+
+    model = LogCumSumExp(1)
+    L = torch.export.Dim("L", min=2, max=4096)
+    mod = sw.from_torch(model, (torch.randn(2, 16, 5),), dynamic_shapes=({1: L},))
+    from scanweaver_core.scan_op import parse_scan
+    specs = [parse_scan(b.value)[0] for blk in mod["main"].body.blocks for b in blk.bindings
+             if parse_scan(b.value) is not None]
+    assert len(specs) == 1 and specs[0].length == "L" and specs[0].is_symbolic
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    for n in (1, 3, 100, 1025):
+        x = torch.randn(2, n, 5) * 50
+        got = vm["main"](tvm.runtime.tensor(x.numpy()))
+        got = got[0] if not hasattr(got, "numpy") else got
+        np.testing.assert_allclose(got.numpy(), torch.logcumsumexp(x, dim=1).numpy(), rtol=1e-6, atol=1e-4)
+    sw.compile(mod, {"kind": "cuda", "arch": "sm_90"})

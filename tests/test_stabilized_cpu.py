@@ -191,3 +191,16 @@ def test_tiny_tuning_run_feeds_compile(tmp_path):
     got = vm["main"](*[tvm.runtime.tensor(x) for x in ins.values()])
     for g, w in zip(got, expected(spec, ins)):
         assert_close(g.numpy().astype(np.float64), w, "float32", f"tuned {best}")
+
+
+@pytest.mark.parametrize("layout", ["time_major", "channel_major"])
+def test_symbolic_batch_and_length(layout):
+    """One kernel for every (batch, L): L below, at and past the tile, odd."""
+    import dataclasses
+
+    spec = spec_of("L", batch="batch", channels=21, layout=layout, decay="step", has_bonus=True,
+                   has_h0=True, return_last_state=True, reverse=True)
+    assert spec.is_symbolic
+    kernel = build(spec)
+    for batch, length in ((1, 1), (3, 63), (2, 64), (1, 130)):
+        check(kernel, dataclasses.replace(spec, batch=batch, length=length), np.random.default_rng(length))

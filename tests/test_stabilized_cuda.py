@@ -121,3 +121,12 @@ def test_sampled_gpu_decisions_compile_to_cuda():
         source = tvm.compile(search.realize_module(mod, CUDA), target=tvm.target.Target(CUDA)).mod \
             .imports[0].inspect_source()
         assert f"__launch_bounds__({knobs['tile'] * knobs['chunks']})" in source, knobs
+
+
+def test_symbolic_batch_and_length_emulated():
+    import dataclasses
+
+    spec = spec_of("L", batch="batch", channels=7, has_bonus=True, has_h0=True, return_last_state=True)
+    kernel = emulated(spec, tile=4, chunks=4)
+    for batch, length in ((1, 1), (2, 5), (3, 77)):
+        check(kernel, dataclasses.replace(spec, batch=batch, length=length), np.random.default_rng(length))

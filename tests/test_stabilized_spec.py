@@ -50,7 +50,7 @@ def test_spec_shapes_names_and_dtypes():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(decay="linear"), "decay"), (dict(layout="rows"), "layout"), (dict(dtype="float64"), "dtype"),
-    (dict(length=0), "length"), (dict(batch="B"), "batch")])
+    (dict(length=0), "length"), (dict(channels="C"), "channels")])
 def test_spec_rejects(bad, match):
     with pytest.raises(ValueError, match=match):
         StabilizedScanSpec(**{**dict(batch=2, channels=3, length=4), **bad})

@@ -28,9 +28,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import LOG_FLOOR, log_apply, log_step
-from scanweaver_core.spec import StabilizedScanSpec
+from scanweaver_core.spec import StabilizedScanSpec, static_or
 
-from .layout import buffer_layout, from_f32, named, to_f32
+from .layout import buffer_layout, extent_vars, from_f32, named, to_f32
 from .selective_cpu import exp as poly_exp
 
 NAME = "stabilized_cpu"
@@ -71,9 +71,9 @@ def default_config(spec, cores=2):
         lanes //= 2
     packs = -(-spec.channels // lanes)
     if spec.layout == "time_major":
-        splits = min(packs, -(-2 * cores // spec.batch))
+        splits = min(packs, -(-2 * cores // static_or(spec.batch, 1 << 30)))
         return {"lanes": lanes, "tile": 64, "group": -(-packs // splits)}
-    while lanes > 4 and spec.batch * -(-spec.channels // lanes) < 2 * cores:
+    while lanes > 4 and static_or(spec.batch, 1 << 30) * -(-spec.channels // lanes) < 2 * cores:
         lanes //= 2
     return {"lanes": lanes, "tile": 64, "group": 1}
 
@@ -90,21 +90,24 @@ def generate(spec: StabilizedScanSpec, lanes=16, tile=64, group=1, native_exp=Fa
             T.func_name("scanweaver_scan")
             T.func_attr({"tirx.noalias": True})
             dtypes = spec.buffer_dtypes()
-            bufs = {n: T.arg(n, T.buffer(s, dtypes[n], layout=buffer_layout(s)))
-                    for n, s in spec.buffer_shapes().items()}
+            resolve = extent_vars(spec)    # a symbolic batch or L: its int64 Var
+            shapes = {n: tuple(resolve(d) for d in s) for n, s in spec.buffer_shapes().items()}
+            bufs = {n: T.arg(n, T.buffer(s, dtypes[n], layout=buffer_layout(s))) for n, s in shapes.items()}
             # a root block: a one-input kernel of one same-sized output is probed by Relax's
             # RewriteDataflowReshape, whose HasReshapePattern requires the body to be a block
             with T.sblock("root"):
-                with T.parallel(0, spec.batch * packs) as task:
+                with T.parallel(0, resolve(spec.batch) * packs) as task:
                     named("task", task)
-                    _Pack(spec, bufs, task // packs, task % packs, (lanes, group), tile, native_exp).emit()
+                    _Pack(spec, bufs, task // packs, task % packs, (lanes, group), tile, native_exp,
+                          resolve(spec.length)).emit()
     return ib.get()
 
 
 class _Pack:
     """One task: ``lanes`` channels of batch row ``b``, the whole sequence."""
 
-    def __init__(self, spec, bufs, b, p, lanes, tile, native_exp):
+    def __init__(self, spec, bufs, b, p, lanes, tile, native_exp, length):
+        self.length = length
         (self.lanes, self.group), lanes = lanes, lanes[0] * lanes[1]
         self.width = lanes                                    # channels of this task
         self.spec, self.bufs, self.b, self.tile = spec, bufs, b, tile
@@ -133,7 +136,7 @@ class _Pack:
         return [self.b, t, c] if self.spec.layout == "time_major" else [self.b, c, t]
 
     def time(self, s):
-        return self.spec.length - 1 - s if self.spec.reverse else s
+        return self.length - 1 - s if self.spec.reverse else s
 
     # this kernel's exp and max for the algebra: computed once into a scratch slot
     def _keep(self, value, w):
@@ -155,7 +158,7 @@ class _Pack:
             if spec.has_bonus:
                 T.buffer_store(self.par, self.bufs["u"][c], [lanes + w])
         if spec.layout == "time_major":
-            with T.serial(0, spec.length) as s:
+            with T.serial(0, self.length) as s:
                 named("step", s)
                 t = self.time(s)
                 with self.each_lane() as w:
@@ -164,11 +167,12 @@ class _Pack:
                     out = self._step(w, loads)
                     T.buffer_store(self.bufs["out"], from_f32(out, spec.dtype), self.seq(self.chan(w), t))
         else:
-            full, rest = spec.length // self.tile, spec.length % self.tile
-            if full:
+            # full tiles in a loop, then the tail (PrimExprs when L is symbolic)
+            full, rest = self.length // self.tile, self.length % self.tile
+            if not isinstance(full, int) or full:
                 with T.serial(0, full) as j:
                     self._tile(j * self.tile, self.tile)
-            if rest:
+            if not isinstance(rest, int) or rest:
                 self._tile(full * self.tile, rest)
         if spec.return_last_state:
             with self.each_lane() as w:
@@ -188,8 +192,10 @@ class _Pack:
         def row(name, w, i):
             return (self.rows[name] * lanes + w) * tile + i
 
+        along_t = T.vectorized if isinstance(size, int) else T.serial   # (a symbolic tail: serial)
+
         with T.unroll(0, lanes) as w:
-            with T.vectorized(0, size) as i:
+            with along_t(0, size) as i:
                 for name in self.rows:
                     if name != "out":
                         value = to_f32(self.bufs[name][self.seq(self.chan(w), self.time(s0 + i))], spec.dtype)
@@ -199,7 +205,7 @@ class _Pack:
                 loads = {n: self.stage[row(n, w, i)] for n in self.rows if n != "out"}
                 T.buffer_store(self.stage, self._step(w, loads), [row("out", w, i)])
         with T.unroll(0, lanes) as w:
-            with T.vectorized(0, size) as i:
+            with along_t(0, size) as i:
                 T.buffer_store(self.bufs["out"], from_f32(self.stage[row("out", w, i)], spec.dtype),
                                self.seq(self.chan(w), self.time(s0 + i)))
 

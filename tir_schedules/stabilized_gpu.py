@@ -20,9 +20,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import LOG_FLOOR, LOG_IDENTITY, log_apply, log_compose, log_step
-from scanweaver_core.spec import StabilizedScanSpec
+from scanweaver_core.spec import StabilizedScanSpec, static_or
 
-from .layout import from_f32, grid, to_f32
+from .layout import extent_vars, from_f32, grid, to_f32
 
 NAME = "stabilized_gpu"
 TARGET = "cuda"
@@ -45,9 +45,9 @@ def default_config(spec):
     tile = 32
     while tile > 1 and tile // 2 >= spec.channels:
         tile //= 2
-    blocks = spec.batch * -(-spec.channels // tile)
+    blocks = static_or(spec.batch, 1 << 30) * -(-spec.channels // tile)
     chunks = 1
-    while chunks < 16 and blocks * tile * chunks < SMS * 256 and spec.length // (2 * chunks) >= 16:
+    while chunks < 16 and blocks * tile * chunks < SMS * 256 and static_or(spec.length, 1 << 30) // (2 * chunks) >= 16:
         chunks *= 2
     return {"tile": tile, "chunks": chunks}
 
@@ -82,22 +82,29 @@ def generate(spec: StabilizedScanSpec, tile=32, chunks=8):
     if tile < 1 or chunks < 1 or tile * chunks > 1024:
         raise ValueError(f"tile {tile} x chunks {chunks}: a block holds 1 to 1024 threads")
     packs = -(-spec.channels // tile)
-    size = -(-spec.length // chunks)
+    resolve = extent_vars(spec)      # a symbolic batch or L: its int64 Var
+    length = resolve(spec.length)
+    size = (length + chunks - 1) // chunks
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scanweaver_scan")
             T.func_attr({"tirx.noalias": True})
             dtypes = spec.buffer_dtypes()
-            bufs = {n: T.arg(n, T.buffer(s, dtypes[n])) for n, s in spec.buffer_shapes().items()}
+            bufs = {n: T.arg(n, T.buffer(tuple(resolve(d) for d in s), dtypes[n]))
+                    for n, s in spec.buffer_shapes().items()}
             bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, grid(spec.batch * packs)):
-                with T.launch_thread(tx, tile * chunks):
-                    _Kernel(spec, bufs, bx, tx, tile, chunks, packs, size).emit()
+            # a root block: Relax's RewriteDataflowReshape probes a one-input kernel (the
+            # den-only scan) and requires its body to be one (as stabilized_cpu)
+            with T.sblock("root"):
+                with T.launch_thread(bx, grid(resolve(spec.batch) * packs)):
+                    with T.launch_thread(tx, tile * chunks):
+                        _Kernel(spec, bufs, bx, tx, tile, chunks, packs, size, length).emit()
     return ib.get()
 
 
 class _Kernel:  # pylint: disable=too-many-instance-attributes
-    def __init__(self, spec, bufs, bx, tx, tile, chunks, packs, size):
+    def __init__(self, spec, bufs, bx, tx, tile, chunks, packs, size, length):
+        self.length = length
         self.spec, self.bufs, self.tile, self.chunks, self.size = spec, bufs, tile, chunks, size
         self.b, p = bx // packs, bx % packs
         lane, self.chunk = tx % tile, tx // tile
@@ -115,7 +122,7 @@ class _Kernel:  # pylint: disable=too-many-instance-attributes
         return [self.b, t, self.c] if self.spec.layout == "time_major" else [self.b, self.c, t]
 
     def time(self, s):
-        return self.spec.length - 1 - s if self.spec.reverse else s
+        return self.length - 1 - s if self.spec.reverse else s
 
     def loads(self, s):
         t, spec = self.time(s), self.spec
@@ -150,8 +157,8 @@ class _Kernel:  # pylint: disable=too-many-instance-attributes
             T.buffer_store(self.par, self.bufs["w"][self.c], [0])
         if spec.has_bonus:
             T.buffer_store(self.par, self.bufs["u"][self.c], [1])
-        lo = tirx.min(self.chunk * self.size, spec.length)
-        hi = tirx.min(lo + self.size, spec.length)
+        lo = tirx.min(self.chunk * self.size, self.length)
+        hi = tirx.min(lo + self.size, self.length)
         # 1. this chunk's element
         self._set_agg([_c(x) for x in LOG_IDENTITY])
         with T.serial(lo, hi) as s:
