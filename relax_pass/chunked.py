@@ -26,7 +26,8 @@ from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, error_line, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
-from .interpret import Interpreter, Unsupported, const_ints
+from .interpret import Interpreter, Unsupported
+from .narrow import narrowed
 
 MAX_CANDIDATES = 96     # role/layout assignments checked against the oracle per region
 RTOL = 1e-6
@@ -39,9 +40,15 @@ class NotChunked(Exception):
 @dataclass(frozen=True)
 class Operand:
     """A tensor of the graph read as a scan operand: ``labels[d]`` names what dim ``d`` runs
-    along (``"B"``, ``"H"``, ``"L"``, ``"K"``, ``"V"``; None for a unit dim)."""
+    along (``"B"``, ``"H"``, ``"L"``, ``"K"``, ``"V"``; None for a unit dim).  ``expr``, when
+    given, is what to emit instead: ``var`` below the broadcast that repeats it over heads
+    (``narrow.narrowed``: Mamba-2's B and C with one group), unbound."""
     var: relax.Var
     labels: tuple
+    expr: object = None
+
+    def source(self):
+        return self.var if self.expr is None else self.expr
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,12 @@ class ChunkedMatch:
 
     def inputs(self):
         """The tensors the region is computed from (all but constants)."""
-        return [op.var for op in (self.q, self.k, self.v, self.log_decay, self.h0) if op is not None]
+        found = []
+        for op in (self.q, self.k, self.v, self.log_decay, self.h0):
+            if op is not None:
+                found.extend(v for v in relax.analysis.free_vars(op.source()) if v not in found) \
+                    if op.expr is not None else found.append(op.var)
+        return found
 
 
 # ---------------------------------------------------------------- the region
@@ -347,8 +359,37 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     last_input = max((facts.order[v] for v in seq + side if v in facts.order), default=-1)
     if last_input > facts.order[emit_at]:
         raise NotChunked("an input is bound after the first of its outputs")
+    for role in ("q", "k"):
+        match[role] = _shared(facts, match[role])
+    spec = match["spec"]
+    match["spec"] = MatrixScanSpec.create(
+        spec.batch, spec.heads, spec.length, spec.key, spec.value,
+        q_shape=_logical(match["q"].labels, spec, "K"), k_shape=_logical(match["k"].labels, spec, "K"),
+        v_shape=spec.v_shape, decay=spec.decay, g_shape=spec.g_shape if spec.decay != "none" else None,
+        has_h0=spec.has_h0, dtype=spec.dtype, return_last_state=spec.return_last_state)
     return ChunkedMatch(output=exit_var, padded=padded, emit_at=emit_at, region=frozenset(region.keys()),
                         **match)
+
+
+def _shared(facts, op):
+    """``op`` read below a broadcast over its batch or head dims, when it is one (a tensor
+    shared by every head is read once by the kernel, not repeated)."""
+    expr, shape = narrowed(facts.value, op.var)
+    if expr.same_as(op.var) or len(shape) != len(op.labels):
+        return op
+    full = tensor_shape(op.var)
+    labels = list(op.labels)
+    for d, (n, m) in enumerate(zip(full, shape)):
+        if n != m:
+            if m != 1 or labels[d] not in ("B", "H"):
+                return op
+            labels[d] = None
+    return Operand(op.var, tuple(labels), expr)
+
+
+def _logical(labels, spec, inner):
+    return (spec.batch if "B" in labels else 1, spec.heads if "H" in labels else 1, spec.length,
+            spec.key if inner == "K" else spec.value)
 
 
 def _pad_of(facts, r, sources):
@@ -413,15 +454,15 @@ def _dim_sizes(x, time_axis):
 
 def _role_orders(probe, exit_var, linear, env, exit_axis, sources, length):
     """(q, k, v) orders of the three linear inputs, likeliest first: v has the output's
-    extents; one element changed at a step changes the output at that step only through q, at
-    every later step through k and v, and at one feature only through v (a probe run for each
-    input that the extents leave undecided)."""
+    extents; when the extents do not tell (v's are q's or k's), one element changed at a step
+    changes the output at that step only through q, at every later step through k and v, and
+    at one feature only through v (a probe run per input)."""
     orders = list(itertools.permutations(linear))
     out_extents = _dim_sizes(exit_var, exit_axis)
     fits = [o for o in orders if _dim_sizes(o[2], sources[o[2]]) == out_extents]
-    probed = [fits[0][0]] if len(fits) == 2 else linear     # (v known: which of two is q)
-    if len(fits) == 1:
+    if 1 <= len(fits) <= 2:      # v known: the oracle tells q from k cheaper than a probe
         return fits + [o for o in orders if o not in fits]
+    probed = linear
     y = probe(env, [exit_var])[0]
     t0 = length // 2
     reach = {x: (False, 0) for x in linear}
@@ -435,8 +476,6 @@ def _role_orders(probe, exit_var, linear, env, exit_axis, sources, length):
         changed = np.abs(probe(env2, [exit_var])[0] - y) > 1e-12 * max(1.0, float(np.max(np.abs(y))))
         per_step = np.moveaxis(changed, exit_axis, 0).reshape(changed.shape[exit_axis], -1)
         reach[x] = (list(np.nonzero(per_step.any(1))[0]) == [t0], int(changed.sum()))
-    if len(probed) == 1:                    # of the two, q is the other one when not this
-        reach[fits[0][1]] = (not reach[probed[0]][0], 0)
 
     def unlikely(order):
         q, k, v = order

@@ -52,8 +52,10 @@ def emit_chunked(bb, match, visit):
     shapes = spec.operand_shapes()
 
     def operand(op, inner, name):
-        x = _to_roles(bb, visit(op.var), op.labels, SCAN_ROLES + (inner,), shapes[name])
-        return x
+        x = visit(op.source())
+        if not isinstance(x, relax.Var):                 # a narrowed operand: bind it
+            x = bb.emit(x)
+        return _to_roles(bb, x, op.labels, SCAN_ROLES + (inner,), shapes[name])
 
     args = [_cast(bb, operand(match.q, "K", "q"), spec.dtype), _cast(bb, operand(match.k, "K", "k"), spec.dtype),
             _cast(bb, operand(match.v, "V", "v"), spec.dtype)]

@@ -205,3 +205,13 @@ def test_mamba2_imported_length_generic_runs_past_its_chunk():
         x = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(length))
         got = vm["main"](tvm.runtime.tensor(x.numpy()))[0].numpy()
         assert_outputs_match([got], [_logits(model, x)], rtol=1e-4)
+
+
+def test_mamba2_one_group_reads_b_and_c_once_for_all_heads():
+    """With one group, B and C are repeated to every head before the blocks; the scan reads
+    them below that repeat, shared by the heads (as the kernel takes them)."""
+    model = _mamba2().eval()
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    mod = sw.from_torch(model, (ids,))
+    specs = [r.chunked.spec for r in sw.find_recurrences(mod)]
+    assert [(s.q_shape[1], s.k_shape[1], s.v_shape[1]) for s in specs] == [(1, 1, 8)] * 2
