@@ -26,7 +26,7 @@ from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, error_line, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
-from .interpret import Interpreter, Unsupported
+from .interpret import Interpreter, Unsupported, const_ints
 from .narrow import narrowed
 
 MAX_CANDIDATES = 96     # role/layout assignments checked against the oracle per region
@@ -302,11 +302,13 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
         sources.setdefault(e.source, e.axis)
     seq = list(sources.keys())
     shapes = {v: tensor_shape(v) for v in seq}
-    lengths = {shapes[v][sources[v]] for v in seq}
     padded = blocks[0] * blocks[1]
-    if None in shapes.values() or len(lengths) != 1:
-        raise NotChunked("its inputs do not share one static length")
-    length = lengths.pop()
+    if None in shapes.values():
+        raise NotChunked("its inputs' shapes are not static")
+    lengths = {shapes[v][sources[v]] for v in seq}
+    length = min(lengths)
+    if not lengths <= {length, padded}:       # (an input padded before it was scaled: its tail is
+        raise NotChunked("its inputs do not share one length")   # never read by earlier steps)
     if length < 2:
         raise NotChunked("one step")            # (no scan; not reported, as for chains)
     if padded - length >= blocks[1]:
@@ -323,10 +325,15 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     external = []
     for v in region:
         for u in facts.users.get(v, []):
-            if u != "return" and u not in region and v != exit_var and u not in external:
+            if (u != "return" and u not in region and v != exit_var and u not in external
+                    and not _dead(facts, u)):
                 external.append(u)
             if u == "return" and v != exit_var:
                 raise NotChunked(f"its intermediate {v.name} is returned")
+    out_var, out_padded = exit_var, padded
+    cut = _prefix_cut(facts, exit_var, exit_axis)
+    if cut == length:                     # the exit's one use drops the padding: replace that
+        out_var, out_padded = facts.users[exit_var][0], length
     dtype = tensor_dtype(exit_var)
     if dtype not in SUPPORTED_DTYPES or any(tensor_dtype(v) != dtype for v in seq):
         raise NotChunked(f"dtypes {sorted({tensor_dtype(v) for v in seq} | {dtype})}: one of "
@@ -343,7 +350,7 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     for s in side:        # zero for the probes of roles (an initial state adds an offset)
         env[s] = np.zeros(tensor_shape(s))
     try:
-        orders = _role_orders(probe, exit_var, linear, env, exit_axis, sources, length)
+        orders = _role_orders(probe, out_var, linear, env, exit_axis, sources, length)
     except (Unsupported, ValueError, TypeError, IndexError, KeyError, ArithmeticError) as err:
         raise NotChunked(f"it cannot be evaluated: {error_line(err)}") from None
     for s in side:
@@ -351,11 +358,11 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     # the oracle's inputs: decays below 1, the others as before
     if log_decay is not None:
         env[log_decay] = rng.uniform(-0.6, 0.0, shapes[log_decay])
-    outs = probe(env, [exit_var] + external)
+    outs = probe(env, [out_var] + external)
     y, ext_values = outs[0], outs[1:]
-    match = _assign(orders, env, y, ext_values, exit_var, exit_axis, log_decay, side,
-                    external, sources, length, padded)
-    emit_at = min([exit_var] + [f for f, _ in match["final"]], key=lambda v: facts.order[v])
+    match = _assign(orders, env, y, ext_values, out_var, exit_axis, log_decay, side,
+                    external, sources, length, out_padded)
+    emit_at = min([out_var] + [f for f, _ in match["final"]], key=lambda v: facts.order[v])
     last_input = max((facts.order[v] for v in seq + side if v in facts.order), default=-1)
     if last_input > facts.order[emit_at]:
         raise NotChunked("an input is bound after the first of its outputs")
@@ -367,7 +374,7 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
         q_shape=_logical(match["q"].labels, spec, "K"), k_shape=_logical(match["k"].labels, spec, "K"),
         v_shape=spec.v_shape, decay=spec.decay, g_shape=spec.g_shape if spec.decay != "none" else None,
         has_h0=spec.has_h0, dtype=spec.dtype, return_last_state=spec.return_last_state)
-    return ChunkedMatch(output=exit_var, padded=padded, emit_at=emit_at, region=frozenset(region.keys()),
+    return ChunkedMatch(output=out_var, padded=out_padded, emit_at=emit_at, region=frozenset(region.keys()),
                         **match)
 
 
@@ -390,6 +397,34 @@ def _shared(facts, op):
 def _logical(labels, spec, inner):
     return (spec.batch if "B" in labels else 1, spec.heads if "H" in labels else 1, spec.length,
             spec.key if inner == "K" else spec.value)
+
+
+def _dead(facts, var, budget=16):
+    """Nothing reads ``var`` (or only bindings nothing reads: an in-place write's export takes
+    the old slice and drops it)."""
+    users = facts.users.get(var, [])
+    if budget == 0 or "return" in users:
+        return not users
+    return all(_dead(facts, u, budget - 1) for u in users)
+
+
+def _prefix_cut(facts, var, axis):
+    """``n`` when the one use of ``var`` is ``var[..., :n, ...]`` along ``axis``, else None."""
+    users = facts.users.get(var, [])
+    if len(users) != 1 or users[0] == "return":
+        return None
+    val = facts.value[users[0]]
+    if op_name(val) != "relax.strided_slice":
+        return None
+    shape = tensor_shape(var)
+    try:
+        axes, begin, end = (const_ints(a) for a in val.args[1:4])
+        strides = const_ints(val.args[4]) if len(val.args) > 4 else [1]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if [a % len(shape) for a in axes] != [axis] or begin != [0] or strides != [1]:
+        return None
+    return min(end[0] if end[0] >= 0 else end[0] + shape[axis], shape[axis])
 
 
 def _pad_of(facts, r, sources):
@@ -545,12 +580,12 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
             length, padded):
     """``(o in the exit's layout, final state (B, H, K, V))`` of the matrix scan under this
     assignment when it equals the region's output, else None."""
-    qa, ka, va = (to_canonical(env[x], labels, inner) for (x, labels), inner in
+    qa, ka, va = (to_canonical(env[x], labels, inner)[:, :, :length] for (x, labels), inner in
                   ((q, "K"), (k, "K"), (v, "V")))
     g, decay = None, "none"
     if log_decay is not None:
         decay = "key" if "K" in g_labels else "scalar"
-        g = np.exp(to_canonical(env[log_decay], g_labels, "K"))
+        g = np.exp(to_canonical(env[log_decay], g_labels, "K")[:, :, :length])
     h0 = None
     if side:
         h0 = _state_canonical(env[side[0]], h0_labels, known)

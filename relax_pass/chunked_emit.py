@@ -55,6 +55,9 @@ def emit_chunked(bb, match, visit):
         x = visit(op.source())
         if not isinstance(x, relax.Var):                 # a narrowed operand: bind it
             x = bb.emit(x)
+        time = op.labels.index("L")
+        if tensor_shape(x)[time] > spec.length:          # padded before it was scaled: its tail
+            x = bb.emit(relax.op.strided_slice(x, [time], [0], [spec.length]))   # is not read
         return _to_roles(bb, x, op.labels, SCAN_ROLES + (inner,), shapes[name])
 
     args = [_cast(bb, operand(match.q, "K", "q"), spec.dtype), _cast(bb, operand(match.k, "K", "k"), spec.dtype),

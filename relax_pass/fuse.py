@@ -29,6 +29,7 @@ from .matrix_lifted import LiftedMatch, emit_lifted, find_lifted
 from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
                             scan_to_stack, state_from_scan)
 from .selective import SelectiveMatch, match_selective
+from .stabilized import emit_stabilized, find_stabilized_scans
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 from .validate import validate
 
@@ -92,6 +93,13 @@ def fuse(mod, cumulative=False):
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         recurrences = chunked + recurrences
+        stabilized = find_stabilized_scans(new)             # RWKV's WKV (stabilized.py)
+        if any(not r.rejected for r in stabilized):
+            new, stabilized = _fuse(new, stabilized)
+            covered = {n for r in stabilized if not r.rejected for n in r.bindings}
+            recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
+                           if not (r.rejected and r.bindings and set(r.bindings) <= covered)]
+        recurrences = recurrences + stabilized
         lifted = find_lifted_scans(new)
         if not lifted:
             return new, recurrences
@@ -421,6 +429,9 @@ class _Rewriter(relax.PyExprMutator):
         elif plan is not None and plan.form == "matrix" and plan.lifted is not None:
             for old, new in emit_lifted(self.builder_, plan.lifted, self.visit_expr):
                 self._replace(old, new)
+        elif plan is not None and plan.form == "stabilized":
+            for old, new in emit_stabilized(self.builder_, plan.stabilized, self.visit_expr):
+                self._replace(old, new)
         elif plan is not None and plan.form == "matrix" and plan.chunked is not None:
             for old, new in emit_chunked(self.builder_, plan.chunked, self.visit_expr):
                 self._replace(old, new)
@@ -538,6 +549,9 @@ def rewrite(mod, recurrences):
         for rec in recs:
             if rec.form == "matrix" and rec.lifted is not None:
                 plans[rec.lifted.scan] = rec         # at the whole-sequence scan it replaces
+                continue
+            if rec.form == "stabilized":
+                plans[rec.stabilized.emit_at] = rec    # at the stacked output it replaces
                 continue
             if rec.form == "matrix" and rec.chunked is not None:
                 plans[rec.chunked.emit_at] = rec     # at the first of its outputs

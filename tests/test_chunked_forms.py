@@ -215,3 +215,60 @@ def test_mamba2_one_group_reads_b_and_c_once_for_all_heads():
     mod = sw.from_torch(model, (ids,))
     specs = [r.chunked.spec for r in sw.find_recurrences(mod)]
     assert [(s.q_shape[1], s.k_shape[1], s.v_shape[1]) for s in specs] == [(1, 1, 8)] * 2
+
+
+# ---------------------------------------------------------------- chunk-wise linear attention
+
+import torch.nn.functional as F  # noqa: E402
+
+
+class ChunkSimpleGLA(torch.nn.Module):
+    """fla's naive chunk simple GLA as that package writes it (written here): (B, T, H, .)
+    inputs, g the per-head log decay, padded to the chunk, an unrolled loop over chunks
+    carrying S, in-place output writes, the padding sliced off."""
+    def __init__(self, chunk):
+        super().__init__(); self.chunk = chunk
+    def forward(self, q, k, v, g):
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        g = g.transpose(1, 2)
+        T = q.shape[-2]; BT = self.chunk
+        pad = (BT - T % BT) % BT
+        if pad:
+            q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+            g = F.pad(g, (0, pad))
+        scale = q.shape[-1] ** -0.5
+        q = q * scale
+        B, H, T1, K = q.shape
+        V = v.shape[-1]
+        n = T1 // BT
+        q, k, v = (x.reshape(B, H, n, BT, x.shape[-1]) for x in (q, k, v))
+        decay = g.reshape(B, H, n, BT).cumsum(-1)
+        L_mask = ((decay.unsqueeze(-1) - decay.unsqueeze(-2)).tril().exp()).tril()
+        S = k.new_zeros(B, H, K, V)
+        o = torch.zeros_like(v)
+        for i in range(n):
+            q_i, k_i, v_i = q[:, :, i], k[:, :, i], v[:, :, i]
+            attn = q_i @ k_i.transpose(-1, -2) * L_mask[:, :, i]
+            o_inter = (q_i * decay[:, :, i, :, None].exp()) @ S
+            o[:, :, i] = o_inter + attn @ v_i
+            S = S * decay[:, :, i, -1, None, None].exp() + (k_i * (decay[:, :, i, -1, None] - decay[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_i
+        o = o.reshape(B, H, n * BT, V)[:, :, :T]
+        return o.transpose(1, 2)
+
+
+@pytest.mark.parametrize("length", [21, 24])
+def test_chunk_simple_gla_loop_is_one_matrix_scan(length):
+    b, h, k, v = 2, 3, 8, 5
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(b, length, h, k, generator=g), torch.randn(b, length, h, k, generator=g),
+            torch.randn(b, length, h, v, generator=g), -torch.rand(b, length, h, generator=g))
+    model = ChunkSimpleGLA(CHUNK)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("matrix", False, length)], found
+    assert found[0].chunked.spec.decay == "scalar"
+    with torch.no_grad():
+        want = model(*args).numpy()
+    assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)
+    lowered = sw.pipeline("llvm")(mod)
+    assert not _blocked(tensor_shapes(lowered), length)

@@ -166,3 +166,20 @@ def test_hf_rwkv_fused_builds_for_cuda(rwkv):
     new, _ = fuse_stabilized(mod)
     ex = sw.compile(new, {"kind": "cuda", "arch": "sm_90"})
     assert any("__syncthreads" in s and "expf" in s for s in cuda_check.module_cuda_sources(ex.mod))
+
+
+def test_hf_rwkv_through_the_public_pass_is_one_stabilized_scan_per_layer():
+    """``sw.find_recurrences`` / ``sw.compile`` (FuseAffineRecurrences itself, not the
+    stand-alone pass): each WKV loop one scan, the max chain's near miss gone, equal to PyTorch."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                  attention_hidden_size=32, intermediate_size=64, context_length=64)
+    model = transformers.RwkvForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    mod = sw.from_torch(model, (ids,))
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("stabilized", False, 16)] * 2, found
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.numpy()
+    assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)
