@@ -321,6 +321,23 @@ def _stabilized(spec, ops):
     return [got[0], *got[1]] if spec.return_last_state else [got]
 
 
+def read_vars(value):
+    """The vars ``value`` reads through calls, tuples and tuple items (cheaper than
+    ``relax.analysis.free_vars``; what the interpreter evaluates first)."""
+    found, stack = [], [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, relax.Var):
+            found.append(x)
+        elif isinstance(x, relax.Tuple):
+            stack.extend(x.fields)
+        elif isinstance(x, relax.TupleGetItem):
+            stack.append(x.tuple_value)
+        elif isinstance(x, relax.Call):
+            stack.extend(call_args(x))
+    return found
+
+
 class Interpreter:
     """Evaluate expressions of one function lazily: ``value_of`` maps a bound var to its value,
     ``env`` holds the given inputs (var -> array).  Results are memoized per var."""
@@ -370,18 +387,7 @@ class Interpreter:
             if e in self.opaque and not evaluable(self.value_of[e]):
                 return []            # read as a probe input when evaluated
             e = self.value_of[e]
-        found, stack = [], [e]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, relax.Var):
-                found.append(x)
-            elif isinstance(x, relax.Tuple):
-                stack.extend(x.fields)
-            elif isinstance(x, relax.TupleGetItem):
-                stack.append(x.tuple_value)
-            elif isinstance(x, relax.Call):
-                stack.extend(call_args(x))
-        return found
+        return read_vars(e)
 
     def _eval(self, e):
         if isinstance(e, relax.Var):
