@@ -76,15 +76,16 @@ def plan_cut(value_of, x, axis, n, depth=_DEPTH):
     return ("op", value, parts) if reached else None
 
 
-def _emit(bb, plan, n, visit):
+def _build(bb, plan, n, visit):
+    """The expression of ``plan`` (its operands bound, itself not)."""
     kind = plan[0]
-    if kind == "pad" or kind == "keep":
+    if kind in ("pad", "keep"):
         return visit(plan[1])
     if kind == "slice":
-        return bb.emit(relax.op.strided_slice(visit(plan[1]), [plan[2]], [0], [n]))
-    call = plan[1]
-    args = [_emit(bb, p, n, visit) for p in plan[2]]
-    return bb.emit(relax.Call(call.op, args, call.attrs))
+        return relax.op.strided_slice(visit(plan[1]), [plan[2]], [0], [n])
+    args = [_build(bb, p, n, visit) for p in plan[2]]
+    return relax.Call(plan[1].op, [a if isinstance(a, relax.Var) or not isinstance(a, relax.Call)
+                                   else bb.emit(a) for a in args], plan[1].attrs)
 
 
 @relax.expr_functor.mutator
@@ -99,9 +100,11 @@ class _Unpadder(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         plan, n = got
-        new = _emit(self.builder_, plan, n, self.visit_expr)
+        new = _build(self.builder_, plan, n, self.visit_expr)
         if not isinstance(binding.var, relax.DataflowVar) and self.builder_.current_block_is_dataflow():
             new = self.builder_.emit_output(new)
+        elif isinstance(new, relax.Call):
+            new = self.builder_.emit(new)
         self.set_var_remap(binding.var, new)
 
 
