@@ -272,3 +272,46 @@ def test_chunk_simple_gla_loop_is_one_matrix_scan(length):
     assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)
     lowered = sw.pipeline("llvm")(mod)
     assert not _blocked(tensor_shapes(lowered), length)
+
+
+class ChunkGLA(torch.nn.Module):
+    """fla-style naive chunk GLA: a per-key log decay gk (B, T, H, K), chunks of C, the
+    intra-chunk attention through exp of cumulated gates, the state passed chunk to chunk."""
+    def __init__(self, chunk):
+        super().__init__(); self.chunk = chunk
+    def forward(self, q, k, v, gk):
+        q, k, v, gk = (x.transpose(1, 2) for x in (q, k, v, gk))
+        B, H, T, K = q.shape
+        V = v.shape[-1]
+        C = self.chunk
+        n = T // C
+        q = q * K ** -0.5
+        q, k, v, gk = (x.reshape(B, H, n, C, x.shape[-1]) for x in (q, k, v, gk))
+        gk = gk.cumsum(-2)
+        S = q.new_zeros(B, H, K, V)
+        o = torch.zeros_like(v)
+        mask = torch.triu(torch.ones(C, C, dtype=torch.bool), diagonal=1)
+        for i in range(n):
+            q_i, k_i, v_i, g_i = q[:, :, i], k[:, :, i], v[:, :, i], gk[:, :, i]
+            qg = q_i * g_i.exp()
+            kg = k_i * (-g_i).exp()
+            attn = (qg @ kg.transpose(-1, -2)).masked_fill(mask, 0)
+            o[:, :, i] = qg @ S + attn @ v_i
+            last = g_i[:, :, -1]
+            S = S * last.exp()[..., None] + (k_i * (last[:, :, None] - g_i).exp()).transpose(-1, -2) @ v_i
+        return o.reshape(B, H, T, V).transpose(1, 2)
+
+
+def test_chunk_gla_with_a_key_decay_is_one_matrix_scan():
+    b, length, h, k, v = 2, 24, 3, 8, 5
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(b, length, h, k, generator=g), torch.randn(b, length, h, k, generator=g),
+            torch.randn(b, length, h, v, generator=g), -0.3 * torch.rand(b, length, h, k, generator=g))
+    model = ChunkGLA(CHUNK)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("matrix", False, length)], found
+    assert found[0].chunked.spec.decay == "key"
+    with torch.no_grad():
+        want = model(*args).numpy()
+    assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)
