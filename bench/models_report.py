@@ -9,10 +9,14 @@ TARGETS = {"compile speedup": 10.0, "run speedup": 20.0, "vs eager": 1.0}
 MODEL_TARGETS = {"hf_mamba": {"run speedup": 5.0, "vs eager": 3.0, "vs onnxruntime": 1.0}}
 
 def _ms(cell):
+    if cell is None:
+        return "not run"
     return "fail" if not cell or "run" not in cell else f"{cell['run']['ms']:.3f}"
 
 
 def _s(cell):
+    if cell is None:
+        return "not run"
     if not cell or "runnable_s" not in cell:
         return "fail"
     return f"{cell['runnable_s']:.1f} ({cell['compile_s']:.1f} + {cell['load_s']:.1f})"
@@ -69,10 +73,10 @@ def report(result):
             lines.append(f"| {r['model']} | {shape} | {r['error']} |" + " |" * 14)
             continue
         lines.append(
-            f"| {r['model']} | {shape} | {r['import_s']:.1f} | {_s(r['with'])} | {_s(r['without'])} "
-            f"| {_ms(r['with'])} | {_ms(r['without'])} | {_ms(r.get('eager'))} "
+            f"| {r['model']} | {shape} | {r['import_s']:.1f} | {_s(r['with'])} | {_s(r.get('without'))} "
+            f"| {_ms(r['with'])} | {_ms(r.get('without'))} | {_ms(r.get('eager'))} "
             f"| {_ms(r.get('eager_1t'))} | {_ms(r.get('openvino'))} "
-            f"| {_chk(r['with'])} / {_chk(r['without'])} / {_chk(r.get('openvino'))} "
+            f"| {_chk(r['with'])} / {_chk(r.get('without'))} / {_chk(r.get('openvino'))} "
             f"| {_x(r, 'compile speedup')} ({_x(r, 'tvm.compile speedup')}) "
             f"| {_x(r, 'run speedup')} | {_x(r, 'vs eager')} | {_x(r, 'vs openvino')} "
             f"| {_best(r)} | {_x(r, 'vs best peer')} |")
@@ -110,7 +114,7 @@ def report(result):
     for r in result["rows"]:
         if "error" in r:
             continue
-        p, q = r["with"].get("profile"), r["without"].get("profile")
+        p, q = r["with"].get("profile"), r.get("without", {}).get("profile")
         cells = [r["model"], str(r["L"])]
         if p:
             others = [k for k in p["kernels"] if not k["symbol"].startswith("scanweaver")][:3]
