@@ -6,7 +6,8 @@ at the padded length and slices ``[:, :L]`` at the end.  With the region replace
 padded length, and the pad widths (``chunk - L % chunk``) keep the module from generalizing
 over L.  ``x[:n]`` along an axis of an elementwise op is the op of its operands' ``[:n]``, and
 ``pad(a)[:n]`` is ``a`` when only the end was padded and ``a`` has ``n`` rows: the slice is
-pushed down to the pads, which then go unused.  Exact algebra, no probe needed.
+pushed down to the pads, which then go unused; a pad of width 0 is its input.  Exact algebra,
+no probe needed.
 """
 from tvm import relax
 
@@ -46,6 +47,11 @@ def _end_pad_source(value, axis, n):
     if shape is None or shape[axis] != n or any(w for d, w in enumerate(width) if d != 2 * axis + 1):
         return None
     return a
+
+
+def _no_op_pad(value):
+    return (op_name(value) == "relax.nn.pad" and str(value.attrs.pad_mode) == "constant"
+            and not any(int(w) for w in value.attrs.pad_width))
 
 
 def plan_cut(value_of, x, axis, n, depth=_DEPTH):
@@ -109,8 +115,8 @@ class _Unpadder(relax.PyExprMutator):
 
 
 def unpad(mod, prune):
-    """``mod`` with every prefix slice of padded elementwise arithmetic computed unpadded;
-    ``prune(func)`` drops what is left unused."""
+    """``mod`` with every prefix slice of padded elementwise arithmetic computed unpadded and
+    every zero-width pad replaced by its input; ``prune(func)`` drops what is left unused."""
     changed = False
     for gvar, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -123,6 +129,8 @@ def unpad(mod, prune):
                 plan = plan_cut(value_of, *cut)
                 if plan is not None:
                     plans[v] = (plan, cut[2])
+            elif _no_op_pad(val):         # HF pads by 0 when L fills its chunks: a copy
+                plans[v] = (("keep", val.args[0]), None)
         if not plans:
             continue
         rewriter = _Unpadder(mod, plans)

@@ -57,3 +57,28 @@ def test_padding_at_the_front_or_a_longer_slice_is_left_alone():
             return out
 
     tvm.ir.assert_structural_equal(_unpadded(Before), Before)
+
+
+def test_a_pad_of_width_zero_is_its_input():
+    """HF pads by ``pad_size = 0`` when L fills its chunks: ``D * pad(x, 0)`` is ``D * x``."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 6, 2), "float32"), d: R.Tensor((2,), "float32")) -> R.Tensor((1, 6, 2), "float32"):
+            with R.dataflow():
+                px = R.nn.pad(x, [0, 0, 0, 0, 0, 0])
+                out = R.multiply(d, px)
+                R.output(out)
+            return out
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 6, 2), "float32"), d: R.Tensor((2,), "float32")) -> R.Tensor((1, 6, 2), "float32"):
+            with R.dataflow():
+                out = R.multiply(d, x)
+                R.output(out)
+            return out
+
+    tvm.ir.assert_structural_equal(_unpadded(Before), Expected)
