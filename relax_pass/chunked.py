@@ -28,15 +28,36 @@ from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 from .chunked_roles import NotChunked, Operand, assign_roles, role_orders
 from .interpret import Interpreter, Unsupported, const_ints, read_vars
 from .narrow import narrowed
+from .parallel_form import READ_THROUGH, parallel_regions
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A reshape that splits time (dim ``axis`` of its input) into ``(chunks, chunk)``."""
+    """A view of one block of time: a reshape that splits time (dim ``axis`` of its input)
+    into ``(chunks, chunk)``, or a slice ``[start, stop)`` of it (``span``; a block loop)."""
     var: relax.Var
-    source: relax.Var       # the tensor it reshapes, below its zero padding on that axis
+    source: relax.Var       # the tensor it views, below its zero padding on that axis
     axis: int
-    blocks: tuple           # (chunks, chunk)
+    blocks: tuple           # (chunks, chunk); None for a slice
+    span: tuple = None      # (start, stop) of a slice
+
+    @property
+    def key(self):
+        """What exits it may feed: merges of the same blocks, or concats of its source's length."""
+        return self.blocks if self.span is None else ("slices", tensor_shape(self.source)[self.axis])
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Where blocks are merged back: a reshape of ``blocks``, or a concat along ``axis``."""
+    var: relax.Var
+    axis: int
+    blocks: tuple           # (chunks, chunk); None for a concat
+    length: int             # its extent on ``axis``
+
+    @property
+    def key(self):
+        return self.blocks if self.blocks is not None else ("slices", self.length)
 
 
 @dataclass
@@ -46,7 +67,7 @@ class ChunkedMatch:
     q: Operand
     k: Operand
     v: Operand
-    log_decay: Operand       # or None (no decay)
+    log_decay: Operand       # or None (no decay, or a constant one)
     h0: Operand              # or None
     output: relax.Var        # the exit: the blocks merged back (time padded to ``padded``)
     out_labels: tuple
@@ -54,6 +75,7 @@ class ChunkedMatch:
     final: tuple             # ((var, labels), ...): other uses that are the final state
     emit_at: relax.Var       # the first of output / final vars in binding order
     region: frozenset        # the region's bindings (replaced)
+    decay_values: object = None   # a constant decay per head (H,) when no log-decay is read
 
     def inputs(self):
         """The tensors the region is computed from (all but constants)."""
@@ -92,13 +114,40 @@ def _unpadded(value_of, x, axis):
     return x
 
 
+def _slice_span(val):
+    """``(axis, start, stop)`` of a unit-stride slice along one axis, else None."""
+    shape = tensor_shape(val.args[0])
+    try:
+        axes, begin, end = (const_ints(a) for a in val.args[1:4])
+        strides = const_ints(val.args[4]) if len(val.args) > 4 else [1]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if shape is None or len(axes) != 1 or strides not in ([1], []):
+        return None
+    axis, n = axes[0] % len(shape), shape[axes[0] % len(shape)]
+    start, stop = (min(max(x + n if x < 0 else x, 0), n) for x in (begin[0], end[0]))
+    return (axis, start, stop) if stop > start else None
+
+
 def entries_and_exits(bindings, value_of):
-    """The function's time-splitting reshapes (``Entry``) and block-merging ones (``(var,
-    axis, blocks)``)."""
+    """The function's block views (``Entry``: time-splitting reshapes, slices) and block
+    merges (``Exit``: reshapes, concats along one axis)."""
     entries, exits = [], []
     for b in bindings:
         val = b.value
-        if op_name(val) != "relax.reshape" or not isinstance(val.args[0], relax.Var):
+        name = op_name(val)
+        if name == "relax.strided_slice" and isinstance(val.args[0], relax.Var):
+            span = _slice_span(val)
+            if span is not None:
+                entries.append(Entry(b.var, val.args[0], span[0], None, span[1:]))
+            continue
+        if name == "relax.concat" and isinstance(val.args[0], relax.Tuple) and len(val.args[0].fields) >= 2:
+            shape = tensor_shape(b.var)
+            if shape is not None and val.attrs.axis is not None:
+                axis = int(val.attrs.axis) % len(shape)
+                exits.append(Exit(b.var, axis, None, shape[axis]))
+            continue
+        if name != "relax.reshape" or not isinstance(val.args[0], relax.Var):
             continue
         src, out = tensor_shape(val.args[0]), tensor_shape(b.var)
         axis = _split_axis(src, out)
@@ -108,7 +157,7 @@ def entries_and_exits(bindings, value_of):
             continue
         axis = _split_axis(out, src)
         if axis is not None:
-            exits.append((b.var, axis, (src[axis], src[axis + 1])))
+            exits.append(Exit(b.var, axis, (src[axis], src[axis + 1]), src[axis] * src[axis + 1]))
     return entries, exits
 
 
@@ -132,7 +181,7 @@ class _Facts:
     def tainted(self, entries):
         """The bindings computed from an entry (the entries included)."""
         seeds = VarMap((e.var, True) for e in entries)
-        out = VarMap()
+        out = VarMap(seeds.items())                 # (an entry may be a parameter)
         for b in self.bindings:
             if b.var in seeds or any(v in out for v in self.reads[b.var]):
                 out[b.var] = True
@@ -173,7 +222,7 @@ def _region(facts, exit_var, tainted, entries):
         if v not in is_entry:
             stack.extend(facts.reads[v])
     region = VarMap()
-    for v in sorted(seen.keys(), key=lambda x: facts.order[x]):
+    for v in sorted(seen.keys(), key=lambda x: facts.order.get(x, -1)):
         if v in is_entry or any(r in region for r in facts.reads[v]):
             region[v] = True
     return region
@@ -204,31 +253,46 @@ class _Probe:
 
 # ---------------------------------------------------------------- matching
 
-def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
-    """A ``ChunkedMatch`` for the region ending at ``exit_var``; raises ``NotChunked``."""
+def _partitions(entries, source, length):
+    """The slices of ``source`` among ``entries`` cover ``[0, length)`` in two or more
+    consecutive blocks (one loop step each)."""
+    spans = sorted({e.span for e in entries if e.source.same_as(source)})
+    if len(spans) < 2 or spans[0][0] != 0 or spans[-1][1] != length:
+        return False
+    return all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def match_region(facts, ex, entries, tainted):
+    """A ``ChunkedMatch`` for the region ending at exit ``ex``; raises ``NotChunked``."""
+    exit_var, exit_axis, blocks = ex.var, ex.axis, ex.blocks
     region = _region(facts, exit_var, tainted, entries)
     mine = [e for e in entries if e.var in region]
-    if not any(op_name(facts.value[v]) == "relax.cumsum"
-               and (tensor_shape(v) or (0,))[int(facts.value[v].attrs.axis)] == blocks[1] for v in region):
+    if blocks is not None and not any(
+            op_name(facts.value[v]) == "relax.cumsum"
+            and (tensor_shape(v) or (0,))[int(facts.value[v].attrs.axis)] == blocks[1] for v in region):
         raise NotChunked("no cumsum over a block in it")
     sources = VarMap()
     for e in mine:
         sources.setdefault(e.source, e.axis)
     seq = list(sources.keys())
     shapes = {v: tensor_shape(v) for v in seq}
-    padded = blocks[0] * blocks[1]
+    padded = ex.length
     if None in shapes.values():
         raise NotChunked("its inputs' shapes are not static")
+    if any(e.span is not None for e in mine) and not all(_partitions(mine, v, padded) for v in seq):
+        raise NotChunked("not blocked tensors")     # (slices that are no loop over blocks: quiet)
     lengths = {shapes[v][sources[v]] for v in seq}
     length = min(lengths)
     if not lengths <= {length, padded}:       # (an input padded before it was scaled: its tail is
         raise NotChunked("its inputs do not share one length")   # never read by earlier steps)
     if length < 2:
         raise NotChunked("one step")            # (no scan; not reported, as for chains)
-    if padded - length >= blocks[1]:
+    if blocks is not None and padded - length >= blocks[1]:
         raise NotChunked(f"its inputs' length {length} does not fill {blocks[0]} blocks of {blocks[1]}")
     side = []
     for v in region:
+        if v in sources:             # (an operand read as it is: a parallel form's q, k, v)
+            continue
         for r in facts.reads[v]:
             if r not in region and r not in sources and not _pad_of(facts, r, sources) \
                     and not facts.constant(r) and r not in side:
@@ -238,6 +302,8 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
                          "(a chunked matrix scan reads q, k, v and a log-decay, maybe an initial state)")
     external = []
     for v in region:
+        if v in sources or _prepared(facts, v, sources):     # (kept as they are: not the state)
+            continue
         for u in facts.users.get(v, []):
             if (u != "return" and u not in region and v != exit_var and u not in external
                     and not _dead(facts, u)):
@@ -275,7 +341,7 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
     outs = probe(env, [out_var] + external)
     y, ext_values = outs[0], outs[1:]
     match = assign_roles(orders, env, y, ext_values, out_var, exit_axis, log_decay, side,
-                    external, sources, length, out_padded)
+                         external, sources, length, out_padded)
     emit_at = min([out_var] + [f for f, _ in match["final"]], key=lambda v: facts.order[v])
     last_input = max((facts.order[v] for v in seq + side if v in facts.order), default=-1)
     if last_input > facts.order[emit_at]:
@@ -290,6 +356,15 @@ def match_region(facts, exit_var, exit_axis, blocks, entries, tainted):
         has_h0=spec.has_h0, dtype=spec.dtype, return_last_state=spec.return_last_state)
     return ChunkedMatch(output=out_var, padded=out_padded, emit_at=emit_at, region=frozenset(region.keys()),
                         **match)
+
+
+def _prepared(facts, var, sources, budget=8):
+    """``var`` is an operand's cumsum or broadcast (``parallel_form.READ_THROUGH``) of the
+    sources alone: other uses may read it, as they read the operands."""
+    val = facts.value.get(var)
+    if budget == 0 or op_name(val) not in READ_THROUGH:
+        return False
+    return all(r in sources or _prepared(facts, r, sources, budget - 1) for r in facts.reads[var])
 
 
 def _shared(facts, op):
@@ -354,7 +429,7 @@ def _pad_of(facts, r, sources):
 def _log_decay(facts, region, blocks, sources):
     """The blocked input the region's cumsums over a block are computed from (the log-decay;
     None when none is), or NotChunked when several are."""
-    cumsums = [v for v in region if op_name(facts.value[v]) == "relax.cumsum"]
+    cumsums = [v for v in region if op_name(facts.value.get(v)) == "relax.cumsum"]
     reached = set()
     for c in cumsums:
         seen, stack = VarMap(), [c]
@@ -378,27 +453,28 @@ def _log_decay(facts, region, blocks, sources):
 # ---------------------------------------------------------------- the driver
 
 def find_chunked(func):
-    """``[(exit var, ChunkedMatch | reason)]`` for the chunked regions of ``func``: every
-    block-merging reshape computed from time-splitting ones through a cumsum, latest first; an
-    exit inside a region already matched is not looked at again."""
+    """``[(exit var, ChunkedMatch | reason)]`` for the blocked regions of ``func``, in binding
+    order: every block-merging reshape computed from time-splitting ones through a cumsum, and
+    every concat of a loop's blocks (slices), latest first; then each parallel (L, L) form
+    (``parallel_form.py``).  An exit inside a region already matched is not looked at again."""
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
         return []
     facts = _Facts(func)
     entries, exits = entries_and_exits(facts.bindings, facts.value)
-    if not entries or not exits:
-        return []
-    by_blocks, found, covered = {}, [], VarMap()
-    for var, axis, blocks in reversed(exits):
-        mine = [e for e in entries if e.blocks == blocks]
+    entries = [e for e in entries if e.span is None or not facts.constant(e.source)]
+    by_key, found, covered = {}, [], VarMap()
+    for ex in reversed(exits):
+        var = ex.var
+        mine = [e for e in entries if e.key == ex.key]
         if not mine:
             continue
-        if blocks not in by_blocks:
-            by_blocks[blocks] = facts.tainted(mine)
-        tainted = by_blocks[blocks]
+        if ex.key not in by_key:
+            by_key[ex.key] = facts.tainted(mine)
+        tainted = by_key[ex.key]
         if var in covered or var not in tainted:
             continue
         try:
-            match = match_region(facts, var, axis, blocks, mine, tainted)
+            match = match_region(facts, ex, mine, tainted)
         except NotChunked as why:
             if not any(quiet in str(why) for quiet in ("no cumsum", "blocked tensors", "one step")):
                 found.append((var, str(why)))
@@ -406,4 +482,18 @@ def find_chunked(func):
         for v in match.region:
             covered[v] = True
         found.append((var, match))
-    return found[::-1]
+    views = VarMap((e.var, True) for e in entries)
+    for var, axis, length, operands in reversed(parallel_regions(facts, views)):
+        if var in covered or any(v in covered for v, _ in operands):
+            continue
+        mine = [Entry(v, v, a, None) for v, a in operands]
+        try:
+            match = match_region(facts, Exit(var, axis, None, length), mine, facts.tainted(mine))
+        except NotChunked as why:
+            if not any(quiet in str(why) for quiet in ("blocked tensors", "one step")):
+                found.append((var, str(why)))
+            continue
+        for v in match.region:
+            covered[v] = True
+        found.append((var, match))
+    return sorted(found, key=lambda p: facts.order[p[0]])

@@ -6,6 +6,7 @@ goes back to the exit's layout, zero-padded to the blocks' length as the region 
 (validation checks that the padded rows were zeros), and the final state to each of its uses'
 layouts.
 """
+import numpy as np
 from tvm import relax
 
 from scanweaver_core.scan_op import make_scan
@@ -62,7 +63,10 @@ def emit_chunked(bb, match, visit):
 
     args = [_cast(bb, operand(match.q, "K", "q"), spec.dtype), _cast(bb, operand(match.k, "K", "k"), spec.dtype),
             _cast(bb, operand(match.v, "V", "v"), spec.dtype)]
-    if match.log_decay is not None:
+    if match.decay_values is not None:                  # a constant decay per head
+        g = np.asarray(match.decay_values, dtype="float32").reshape(spec.g_shape)
+        args.append(_cast(bb, relax.const(g, "float32"), spec.dtype))
+    elif match.log_decay is not None:
         inner = "K" if spec.decay == "key" else "_"
         g = bb.emit(relax.op.exp(operand(match.log_decay, inner, "g")))
         args.append(_cast(bb, g, spec.dtype))

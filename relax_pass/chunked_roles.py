@@ -8,6 +8,7 @@ is the match.  q, k and v are told apart first by extents, else by probe runs.
 """
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tvm import relax
@@ -117,17 +118,17 @@ def assign_roles(orders, env, y, ext_values, exit_var, exit_axis, log_decay, sid
                                           known2, length, padded)
                             if got is None:
                                 continue
-                            final = _finals(external, ext_values, got[1], known2)
+                            final = _finals(external, ext_values, got.last, known2)
                             if final is None:
                                 continue
                             spec = _spec(known2, length, (q, q_labels), (k, k_labels), (v, v_labels),
                                          log_decay, g_labels, bool(side), bool(final),
-                                         tensor_dtype(exit_var))
+                                         tensor_dtype(exit_var), got.decay)
                             return dict(spec=spec, q=Operand(q, q_labels), k=Operand(k, k_labels),
                                         v=Operand(v, v_labels),
                                         log_decay=None if log_decay is None else Operand(log_decay, g_labels),
                                         h0=Operand(side[0], h0_labels) if side else None,
-                                        out_labels=out_labels, final=tuple(final))
+                                        out_labels=out_labels, final=tuple(final), decay_values=got.decay)
     if external:
         raise NotChunked(f"no assignment gives the matrix scan with "
                          f"{', '.join(u.name for u in external)} as its final state")
@@ -205,24 +206,40 @@ def _full(known, role):
     return known.get(role, 1)
 
 
+class OracleFit(NamedTuple):
+    """The oracle's output in the exit's layout, its final state (B, H, K, V), and the
+    constant decay per head it was given (None: the graph's log-decay, or none)."""
+    o: np.ndarray
+    last: np.ndarray
+    decay: object
+
+
 def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_labels, known,
             length, padded):
-    """``(o in the exit's layout, final state (B, H, K, V))`` of the matrix scan under this
-    assignment when it equals the region's output, else None."""
+    """The ``OracleFit`` of the matrix scan under this assignment when it equals the region's
+    output, else None.  With no log-decay in the graph, the decay may be a constant per head
+    (MiniMax's slopes, retention's gammas): it is read off the output's first steps."""
     qa, ka, va = (to_canonical(env[x], labels, inner)[:, :, :length] for (x, labels), inner in
                   ((q, "K"), (k, "K"), (v, "V")))
-    g, decay = None, "none"
+    g, decay, constant = None, "none", None
     if log_decay is not None:
         decay = "key" if "K" in g_labels else "scalar"
         g = np.exp(to_canonical(env[log_decay], g_labels, "K")[:, :, :length])
     h0 = None
     if side:
         h0 = _state_canonical(env[side[0]], h0_labels, known)
+    bh = (_full(known, "B"), _full(known, "H"))
+    if log_decay is None:
+        try:
+            constant = _constant_decay(qa, ka, va, h0, to_canonical(y, out_labels, "V"), bh)
+        except ValueError:                          # shapes that do not broadcast
+            return None
+        if constant is not None:
+            decay, g = "scalar", constant.reshape(1, -1, 1, 1)
     try:
         o, last = reference.matrix_scan(qa, ka, va, g, decay=decay, h0=h0, return_last_state=True)
     except ValueError:                              # shapes the spec refuses
         return None
-    bh = (_full(known, "B"), _full(known, "H"))
     if o.shape[:2] != bh:
         return None
     pad = [(0, 0)] * 4
@@ -232,7 +249,26 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
         got = from_canonical(np.pad(o, pad), out_labels, o_shape)
     except ValueError:
         return None
-    return (got, last) if _close(got, y) else None
+    return OracleFit(got, last, constant) if _close(got, y) else None
+
+
+def _constant_decay(q, k, v, h0, y, bh):
+    """The per-head ``g`` with which ``y`` is the scan at its first steps (None when it is 1:
+    no decay): ``o_0 = g q_0 h0 + (q_0.k_0) v_0`` with an initial state, else
+    ``o_1 = g (q_1.k_0) v_0 + (q_1.k_1) v_1``; least squares over batch and value."""
+    q, k, v = (np.broadcast_to(x, bh + x.shape[2:]) for x in (q, k, v))
+    y = np.broadcast_to(y, bh + y.shape[2:])
+    if h0 is not None:
+        c = np.einsum("bhk,bhkv->bhv", q[:, :, 0], h0)
+        r = y[:, :, 0] - np.einsum("bhk,bhk->bh", q[:, :, 0], k[:, :, 0])[..., None] * v[:, :, 0]
+    else:
+        c = np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 0])[..., None] * v[:, :, 0]
+        r = y[:, :, 1] - np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 1])[..., None] * v[:, :, 1]
+    den = (c * c).sum(axis=(0, 2))
+    if np.any(den <= 1e-12):
+        return None
+    g = (r * c).sum(axis=(0, 2)) / den
+    return None if np.all(np.abs(g - 1.0) <= 1e-9) else g
 
 
 def _close(a, b):
@@ -268,12 +304,14 @@ def _finals(external, ext_values, last, known):
     return found
 
 
-def _spec(known, length, q, k, v, log_decay, g_labels, has_h0, final, dtype):
+def _spec(known, length, q, k, v, log_decay, g_labels, has_h0, final, dtype, constant=None):
     def shape(labels, inner):
         return tuple(_full(known, r) if r in labels else 1 for r in ("B", "H")) + (length, _full(known, inner))
 
     decay, g_shape = "none", None
-    if log_decay is not None:
+    if constant is not None:
+        decay, g_shape = "scalar", (1, len(constant), 1, 1)
+    elif log_decay is not None:
         decay = "key" if "K" in g_labels else "scalar"
         g_shape = tuple(_full(known, r) if r in g_labels else 1 for r in ("B", "H")) + (
             length, _full(known, "K") if decay == "key" else 1)

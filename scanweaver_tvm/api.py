@@ -1,4 +1,6 @@
 """The public API: import a model, find its recurrences, compile it with ScanWeaver scans."""
+import contextlib
+
 import tvm
 from tvm import relax
 
@@ -46,13 +48,33 @@ def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, tr
 
         return dynamic.import_generic(lambda args: from_torch(model, args, kwargs), FuseAffineRecurrences(),
                                       model, example_args, dynamic_shapes, trace_sizes)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _exportable_experts(model):
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         traced = _with_constants(model, kwargs) if kwargs else model
         exported = torch.export.export(traced, tuple(example_args))
         mod = from_exported_program(exported, keep_params_as_input=False,
                                     custom_convert_map=torch_frontend.custom_convert_map())
     return torch_repairs.repair(mod)
+
+
+@contextlib.contextmanager
+def _exportable_experts(model):
+    """Hugging Face MoE layers traced with ``experts_implementation="batched_mm"``: their
+    default ``grouped_mm`` exports as ``histc`` and a custom ``grouped_mm_fallback`` op that TVM's
+    frontend has no converter for (MiniMax, Qwen3-Next, Kimi Linear, ...).  ``batched_mm``
+    computes the same experts from gathered weights; the user's setting is restored after."""
+    switched = []
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if hasattr(m, "set_experts_implementation") and \
+                getattr(config, "_experts_implementation", None) == "grouped_mm":
+            m.set_experts_implementation("batched_mm")
+            switched.append(m)
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_experts_implementation("grouped_mm")
 
 
 def _with_constants(model, kwargs):
