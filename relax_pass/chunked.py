@@ -255,9 +255,12 @@ class _Probe:
 
 def _partitions(entries, source, length):
     """The slices of ``source`` among ``entries`` cover ``[0, length)`` in two or more
-    consecutive blocks (one loop step each)."""
+    consecutive blocks (one loop step each) of two or more rows but the last (a loop over
+    single steps is the loop finders')."""
     spans = sorted({e.span for e in entries if e.source.same_as(source)})
     if len(spans) < 2 or spans[0][0] != 0 or spans[-1][1] != length:
+        return False
+    if any(b - a < 2 for a, b in spans[:-1]):
         return False
     return all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 
@@ -483,6 +486,7 @@ def find_chunked(func):
             covered[v] = True
         found.append((var, match))
     views = VarMap((e.var, True) for e in entries)
+    in_blocks = None
     for var, axis, length, operands in reversed(parallel_regions(facts, views)):
         if var in covered or any(v in covered for v, _ in operands):
             continue
@@ -490,7 +494,11 @@ def find_chunked(func):
         try:
             match = match_region(facts, Exit(var, axis, None, length), mine, facts.tainted(mine))
         except NotChunked as why:
-            if not any(quiet in str(why) for quiet in ("blocked tensors", "one step")):
+            if in_blocks is None:
+                in_blocks = facts.tainted(entries)
+            # (quiet too when it reads blocks: a chunk's inner part, or a later layer's)
+            if not any(quiet in str(why) for quiet in ("blocked tensors", "one step")) and \
+                    not any(v in in_blocks for v, _ in operands):
                 found.append((var, str(why)))
             continue
         for v in match.region:

@@ -44,6 +44,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .interpret import Interpreter, Unsupported, random_input
 from .lift import Lifter, NotLiftable
+from .prune import prune_dead_bindings
 from .steps import Analysis
 
 __all__ = ["StabilizedMatch", "find_stabilized", "find_stabilized_scans", "emit_stabilized",
@@ -682,7 +683,7 @@ def fuse_stabilized(mod):
                 continue
             rewriter = _Rewriter(mod, {match.emit_at: match})
             try:
-                new_func = _prune(rewriter.visit_expr(mod[gvar]))
+                new_func = prune_dead_bindings(rewriter.visit_expr(mod[gvar]))
             except (NotStabilized, ValueError, TypeError, RuntimeError) as err:
                 report.append((gvar.name_hint, var, f"could not be emitted: {err}", None))
                 continue
@@ -694,22 +695,6 @@ def fuse_stabilized(mod):
             func = new_func
             report.append((gvar.name_hint, var, match, seconds))
     return mod, report
-
-
-def _prune(func):
-    """Drop dataflow bindings nobody uses (the replaced per-step graph)."""
-    live = set(relax.analysis.free_vars(func.body.body))
-    blocks = []
-    for block in reversed(func.body.blocks):
-        kept = []
-        for b in reversed(block.bindings):
-            if isinstance(block, relax.DataflowBlock) and b.var not in live:
-                continue
-            kept.append(b)
-            live.update(relax.analysis.free_vars(b.value))
-        blocks.append(type(block)(kept[::-1]))
-    return relax.Function(func.params, relax.SeqExpr(blocks[::-1], func.body.body), func.ret_ty,
-                          func.is_pure, func.attrs)
 
 
 def FuseStabilizedScans():  # noqa: N802 (TVM pass naming)

@@ -5,12 +5,12 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from relax_pass.fuse import _prune
+from relax_pass.prune import prune_dead_bindings
 from relax_pass.unpad import unpad
 
 
 def _unpadded(mod):
-    return relax.transform.Normalize()(unpad(mod, _prune))     # (_prune leaves types to infer)
+    return relax.transform.Normalize()(unpad(mod, prune_dead_bindings))   # (types left to infer)
 
 
 def test_slice_of_padded_arithmetic_is_the_arithmetic_unpadded():
