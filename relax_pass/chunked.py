@@ -26,7 +26,7 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
 from .chunked_roles import NotChunked, Operand, assign_roles, role_orders
-from .interpret import Interpreter, Unsupported, const_ints, read_vars
+from .interpret import Interpreter, Unsupported, read_vars, slice_span
 from .narrow import narrowed
 from .parallel_form import READ_THROUGH, parallel_regions
 
@@ -114,21 +114,6 @@ def _unpadded(value_of, x, axis):
     return x
 
 
-def _slice_span(val):
-    """``(axis, start, stop)`` of a unit-stride slice along one axis, else None."""
-    shape = tensor_shape(val.args[0])
-    try:
-        axes, begin, end = (const_ints(a) for a in val.args[1:4])
-        strides = const_ints(val.args[4]) if len(val.args) > 4 else [1]
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if shape is None or len(axes) != 1 or strides not in ([1], []):
-        return None
-    axis, n = axes[0] % len(shape), shape[axes[0] % len(shape)]
-    start, stop = (min(max(x + n if x < 0 else x, 0), n) for x in (begin[0], end[0]))
-    return (axis, start, stop) if stop > start else None
-
-
 def entries_and_exits(bindings, value_of):
     """The function's block views (``Entry``: time-splitting reshapes, slices) and block
     merges (``Exit``: reshapes, concats along one axis)."""
@@ -137,7 +122,7 @@ def entries_and_exits(bindings, value_of):
         val = b.value
         name = op_name(val)
         if name == "relax.strided_slice" and isinstance(val.args[0], relax.Var):
-            span = _slice_span(val)
+            span = slice_span(val)
             if span is not None:
                 entries.append(Entry(b.var, val.args[0], span[0], None, span[1:]))
             continue
@@ -406,17 +391,8 @@ def _prefix_cut(facts, var, axis):
     if len(users) != 1 or users[0] == "return":
         return None
     val = facts.value[users[0]]
-    if op_name(val) != "relax.strided_slice":
-        return None
-    shape = tensor_shape(var)
-    try:
-        axes, begin, end = (const_ints(a) for a in val.args[1:4])
-        strides = const_ints(val.args[4]) if len(val.args) > 4 else [1]
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if [a % len(shape) for a in axes] != [axis] or begin != [0] or strides != [1]:
-        return None
-    return min(end[0] if end[0] >= 0 else end[0] + shape[axis], shape[axis])
+    span = slice_span(val) if op_name(val) == "relax.strided_slice" else None
+    return span[2] if span is not None and span[:2] == (axis, 0) else None
 
 
 def _pad_of(facts, r, sources):

@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 
 from scanweaver_core import reference
-from scanweaver_core.exprs import VarMap, call_args, op_name
+from scanweaver_core.exprs import VarMap, call_args, op_name, tensor_shape
 from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanSpec
 
@@ -319,6 +319,22 @@ def _stabilized(spec, ops):
     got = reference.stabilized_scan(named["k"], named.get("v"), named.get("w"), named.get("u"), h0,
                                     spec.reverse, spec.return_last_state, spec.layout, method="loop")
     return [got[0], *got[1]] if spec.return_last_state else [got]
+
+
+def slice_span(val):
+    """``(axis, start, stop)`` of ``strided_slice`` ``val`` when it is a unit-stride slice along
+    one axis (bounds clamped to the extent), else None."""
+    shape = tensor_shape(val.args[0])
+    try:
+        axes, begin, end = (const_ints(a) for a in val.args[1:4])
+        strides = const_ints(val.args[4]) if len(val.args) > 4 else [1]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if shape is None or len(axes) != 1 or strides not in ([1], []):
+        return None
+    axis, n = axes[0] % len(shape), shape[axes[0] % len(shape)]
+    start, stop = (min(max(x + n if x < 0 else x, 0), n) for x in (begin[0], end[0]))
+    return (axis, start, stop) if stop > start else None
 
 
 def read_vars(value):

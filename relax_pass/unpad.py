@@ -13,27 +13,21 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
-from .interpret import const_ints
+from .interpret import slice_span
 from .steps import ELEMENTWISE
 
 _DEPTH = 8      # ops between the slice and the pads
 
 
 def _prefix_slice(value):
-    """``(x, axis, n)`` when ``value`` is ``x[..., :n, ...]`` along one axis, else None."""
+    """``(x, axis, n)`` when ``value`` is ``x[..., :n, ...]`` along one axis, ``n`` short of
+    its extent, else None."""
     if op_name(value) != "relax.strided_slice" or not isinstance(value.args[0], relax.Var):
         return None
-    shape = tensor_shape(value.args[0])
-    try:
-        axes, begin, end = (const_ints(a) for a in value.args[1:4])
-        strides = const_ints(value.args[4]) if len(value.args) > 4 else [1]
-    except (TypeError, ValueError, AttributeError):
+    span = slice_span(value)
+    if span is None or span[1] != 0 or span[2] >= tensor_shape(value.args[0])[span[0]]:
         return None
-    if shape is None or len(axes) != 1 or begin != [0] or strides != [1]:
-        return None
-    axis = axes[0] % len(shape)
-    n = min(end[0] if end[0] >= 0 else end[0] + shape[axis], shape[axis])
-    return (value.args[0], axis, n) if n < shape[axis] else None
+    return value.args[0], span[0], span[2]
 
 
 def _end_pad_source(value, axis, n):
