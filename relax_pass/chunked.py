@@ -7,7 +7,9 @@ within each chunk and a state passed from chunk to chunk (a loop over chunks or 
 contraction over them) make the output, reshaped back.  Found by what it computes:
 
 1. the *region*: the bindings between the reshapes that split time into blocks (its entries)
-   and one that merges blocks back (its exit), holding a ``cumsum``;
+   and one that merges blocks back (its exit), holding a ``cumsum``; or between slices of
+   consecutive blocks of rows and their concat (a loop over blocks: MiniMax's lightning
+   attention); or the (L, L) form of ``parallel_form.py``;
 2. its *operands*: the tensors the entries reshape (seen through their zero padding), and any
    other data it reads (an initial state);
 3. their roles and layouts: the operand its cumsums sum is the log-decay, the others are q, k
