@@ -28,7 +28,7 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
 from .chunked_roles import NotChunked, Operand, assign_roles, role_orders
-from .interpret import Interpreter, Unsupported, read_vars, slice_span
+from .interpret import EVAL_ERRORS, Interpreter, read_vars, slice_span
 from .narrow import narrowed
 from .parallel_form import READ_THROUGH, parallel_regions
 
@@ -321,7 +321,7 @@ def match_region(facts, ex, entries, tainted):
         env[s] = np.zeros(tensor_shape(s))
     try:
         orders = role_orders(probe, out_var, linear, env, exit_axis, sources, length)
-    except (Unsupported, ValueError, TypeError, IndexError, KeyError, ArithmeticError) as err:
+    except EVAL_ERRORS as err:
         raise NotChunked(f"it cannot be evaluated: {error_line(err)}") from None
     for s in side:
         env[s] = rng.uniform(-1.0, 1.0, tensor_shape(s))
@@ -454,32 +454,34 @@ def find_chunked(func):
         tainted = by_key[ex.key]
         if var in covered or var not in tainted:
             continue
-        try:
-            match = match_region(facts, ex, mine, tainted)
-        except NotChunked as why:
-            if not any(quiet in str(why) for quiet in ("no cumsum", "blocked tensors", "one step")):
-                found.append((var, str(why)))
-            continue
-        for v in match.region:
-            covered[v] = True
-        found.append((var, match))
+        _attempt(facts, ex, mine, tainted, found, covered, ("no cumsum",) + QUIET)
     views = VarMap((e.var, True) for e in entries)
     in_blocks = None
     for var, axis, length, operands in reversed(parallel_regions(facts, views)):
         if var in covered or any(v in covered for v, _ in operands):
             continue
         mine = [Entry(v, v, a, None) for v, a in operands]
-        try:
-            match = match_region(facts, Exit(var, axis, None, length), mine, facts.tainted(mine))
-        except NotChunked as why:
-            if in_blocks is None:
-                in_blocks = facts.tainted(entries)
-            # (quiet too when it reads blocks: a chunk's inner part, or a later layer's)
-            if not any(quiet in str(why) for quiet in ("blocked tensors", "one step")) and \
-                    not any(v in in_blocks for v, _ in operands):
-                found.append((var, str(why)))
-            continue
-        for v in match.region:
-            covered[v] = True
-        found.append((var, match))
+        if in_blocks is None:
+            in_blocks = facts.tainted(entries)
+        # (a failure reading blocks is quiet: a chunk's inner part, or a later layer's)
+        report = not any(v in in_blocks for v, _ in operands)
+        _attempt(facts, Exit(var, axis, None, length), mine, facts.tainted(mine), found, covered,
+                 QUIET, report)
     return sorted(found, key=lambda p: facts.order[p[0]])
+
+
+QUIET = ("blocked tensors", "one step")     # refusals not reported: no scan was in sight
+
+
+def _attempt(facts, ex, entries, tainted, found, covered, quiet, report=True):
+    """``match_region`` at ``ex``: a match (its region then covered) or a reason (unless
+    ``quiet`` or not ``report``) appended to ``found``."""
+    try:
+        match = match_region(facts, ex, entries, tainted)
+    except NotChunked as why:
+        if report and not any(q in str(why) for q in quiet):
+            found.append((ex.var, str(why)))
+        return
+    for v in match.region:
+        covered[v] = True
+    found.append((ex.var, match))

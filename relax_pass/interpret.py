@@ -354,6 +354,10 @@ def read_vars(value):
     return found
 
 
+# what evaluating a region on probe inputs may raise: the region is then not matched
+EVAL_ERRORS = (Unsupported, ValueError, TypeError, IndexError, KeyError, ArithmeticError)
+
+
 class Interpreter:
     """Evaluate expressions of one function lazily: ``value_of`` maps a bound var to its value,
     ``env`` holds the given inputs (var -> array).  Results are memoized per var."""

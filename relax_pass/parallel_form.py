@@ -13,7 +13,7 @@ import numpy as np
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
-from .interpret import Interpreter, Unsupported
+from .interpret import EVAL_ERRORS, Interpreter
 
 READ_THROUGH = ("relax.cumsum", "relax.expand_dims")     # a log-decay's cumsum, its broadcasts
 NOT_A_SCAN = ("relax.nn.softmax", "relax.nn.log_softmax", "relax.max", "relax.argmax")
@@ -52,9 +52,10 @@ def parallel_regions(facts, views):
             continue
         length = lengths[0]
         squares = [r for r in reads if _count(tensor_shape(r), length) >= 2]
-        region, operands, constants = _walk(facts, squares, length)
-        if region is None:
+        walked = _walk(facts, squares, length)
+        if walked is None:
             continue
+        operands, constants = walked
         for r in reads:                      # what the exit reads besides them: v
             if _count(tensor_shape(r), length) == 1 and not any(r.same_as(o) for o, _ in operands):
                 operands.append((r, tensor_shape(r).index(length)))
@@ -67,9 +68,8 @@ def parallel_regions(facts, views):
 
 
 def _walk(facts, squares, length):
-    """The (L, L) region back from ``squares``: ``(region, [(operand, time axis)], constant (L,
-    L) reads)``, or ``(None, .., ..)`` when it holds a softmax or an operand's time axis is
-    ambiguous."""
+    """What the (L, L) region back from ``squares`` reads: ``([(operand, time axis)], constant
+    (L, L) tensors)``, or None when it holds a softmax or an operand's time axis is ambiguous."""
     region, operands, constants = VarMap(), [], []
     stack = list(squares)
     while stack:
@@ -84,21 +84,21 @@ def _walk(facts, squares, length):
         shape = tensor_shape(v)
         if val is not None and (_count(shape, length) >= 2 or op_name(val) in READ_THROUGH):
             if op_name(val) in NOT_A_SCAN:
-                return None, (), ()
+                return None
             region[v] = True
             stack.extend(facts.reads[v])
             continue
         axes = [] if shape is None else [d for d, n in enumerate(shape) if n == length]
         if len(axes) != 1:
-            return None, (), ()
+            return None
         operands.append((v, axes[0]))
-    return region, operands, constants
+    return operands, constants
 
 
 def _is_causal_mask(facts, var, length, memo):
     if var not in memo:
         try:
             memo[var] = _causal(Interpreter(facts.value)(var), length)
-        except (Unsupported, ValueError, TypeError, IndexError, KeyError, ArithmeticError):
+        except EVAL_ERRORS:
             memo[var] = False
     return memo[var]
