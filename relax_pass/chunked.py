@@ -27,7 +27,7 @@ from tvm import relax
 from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
-from .chunked_roles import NotChunked, Operand, assign_roles, role_orders
+from .chunked_roles import NotChunked, Operand, assign_roles, role_orders, state_layout
 from .interpret import EVAL_ERRORS, Interpreter, read_vars, slice_span
 from .narrow import narrowed
 from .parallel_form import READ_THROUGH, parallel_regions
@@ -78,15 +78,9 @@ class ChunkedMatch:
     emit_at: relax.Var       # the first of output / final vars in binding order
     region: frozenset        # the region's bindings (replaced)
     decay_values: object = None   # a constant decay per head (H,) when no log-decay is read
-
-    def inputs(self):
-        """The tensors the region is computed from (all but constants)."""
-        found = []
-        for op in (self.q, self.k, self.v, self.log_decay, self.h0):
-            if op is not None:
-                found.extend(v for v in relax.analysis.free_vars(op.source()) if v not in found) \
-                    if op.expr is not None else found.append(op.var)
-        return found
+    scale: object = None          # the output's scale per head (H,) (on the scores), or None
+    inputs: tuple = ()            # what validation draws at random: the operands, seen above the
+                                  # zero padding of those padded before they were scaled
 
 
 # ---------------------------------------------------------------- the region
@@ -225,12 +219,17 @@ class _Probe:
         self.base = VarMap()
         self.region = region
 
-    def __call__(self, env, targets):
+    def evaluator(self, env):
+        """An interpreter of the function from ``env`` (what it computes is kept)."""
         interp = Interpreter(self.facts.value)
         for v, x in self.base.items():
             interp.memo[v] = x
         for v, x in env.items():
             interp.memo[v] = x
+        return interp
+
+    def __call__(self, env, targets):
+        interp = self.evaluator(env)
         out = [np.asarray(interp(t), dtype=np.float64) for t in targets]
         for v, x in interp.memo.items():         # keep what reads only constants
             if v not in env and v not in self.region and v not in self.base and self.facts.constant(v):
@@ -259,8 +258,8 @@ def match_region(facts, ex, entries, tainted):
     mine = [e for e in entries if e.var in region]
     if blocks is not None and not any(
             op_name(facts.value[v]) == "relax.cumsum"
-            and (tensor_shape(v) or (0,))[int(facts.value[v].attrs.axis)] == blocks[1] for v in region):
-        raise NotChunked("no cumsum over a block in it")
+            and (tensor_shape(v) or (0,))[int(facts.value[v].attrs.axis)] in blocks for v in region):
+        raise NotChunked("no cumsum over a block in it")     # (or over the blocks: their states)
     sources = VarMap()
     for e in mine:
         sources.setdefault(e.source, e.axis)
@@ -298,7 +297,7 @@ def match_region(facts, ex, entries, tainted):
             if (u != "return" and u not in region and v != exit_var and u not in external
                     and not _dead(facts, u)):
                 external.append(u)
-            if u == "return" and v != exit_var:
+            if v != exit_var and (u == "return" or _returned_tuple(facts, u)):
                 raise NotChunked(f"its intermediate {v.name} is returned")
     out_var, out_padded = exit_var, padded
     cut = _prefix_cut(facts, exit_var, exit_axis)
@@ -316,7 +315,7 @@ def match_region(facts, ex, entries, tainted):
                          "cumsums (a chunked matrix scan has one log-decay besides q, k and v)")
     probe = _Probe(facts, region, seq + side)
     rng = np.random.default_rng(11)
-    env = VarMap((v, rng.uniform(-0.5, 0.5, shapes[v])) for v in seq)
+    env = VarMap((v, _zero_tail(rng.uniform(-0.5, 0.5, shapes[v]), sources[v], length)) for v in seq)
     for s in side:        # zero for the probes of roles (an initial state adds an offset)
         env[s] = np.zeros(tensor_shape(s))
     try:
@@ -327,11 +326,12 @@ def match_region(facts, ex, entries, tainted):
         env[s] = rng.uniform(-1.0, 1.0, tensor_shape(s))
     # the oracle's inputs: decays below 1, the others as before
     if log_decay is not None:
-        env[log_decay] = rng.uniform(-0.6, 0.0, shapes[log_decay])
-    outs = probe(env, [out_var] + external)
-    y, ext_values = outs[0], outs[1:]
-    match = assign_roles(orders, env, y, ext_values, out_var, exit_axis, log_decay, side,
-                         external, sources, length, out_padded)
+        env[log_decay] = _zero_tail(rng.uniform(-0.6, 0.0, shapes[log_decay]), sources[log_decay], length)
+    (y,) = probe(env, [out_var])
+    finals = _FinalState(facts, region, (exit_var, out_var), sources, side, probe.evaluator(env), external)
+    match = assign_roles(orders, env, y, finals, out_var, exit_axis, log_decay, side, sources,
+                         length, out_padded)
+    region.update((v, True) for v in finals.absorbed)
     emit_at = min([out_var] + [f for f, _ in match["final"]], key=lambda v: facts.order[v])
     last_input = max((facts.order[v] for v in seq + side if v in facts.order), default=-1)
     if last_input > facts.order[emit_at]:
@@ -344,8 +344,92 @@ def match_region(facts, ex, entries, tainted):
         q_shape=_logical(match["q"].labels, spec, "K"), k_shape=_logical(match["k"].labels, spec, "K"),
         v_shape=spec.v_shape, decay=spec.decay, g_shape=spec.g_shape if spec.decay != "none" else None,
         has_h0=spec.has_h0, dtype=spec.dtype, return_last_state=spec.return_last_state)
+    inputs = []
+    for op in (match["q"], match["k"], match["v"], match["log_decay"], match["h0"]):
+        if op is not None:
+            vars_ = relax.analysis.free_vars(op.source()) if op.expr is not None else \
+                _above_padding(facts, op.var, op.labels.index("L"), spec.length) if "L" in op.labels else [op.var]
+            inputs.extend(v for v in vars_ if v not in inputs)
     return ChunkedMatch(output=out_var, padded=out_padded, emit_at=emit_at, region=frozenset(region.keys()),
-                        **match)
+                        inputs=tuple(inputs), **match)
+
+
+def _above_padding(facts, var, axis, length, budget=8):
+    """What ``var`` is computed from above the zero padding that makes it longer than
+    ``length`` on ``axis`` (``F.pad`` then a scale or a layout op): random values there would
+    fill rows that are padding in the model, which the final state reads.  ``[var]`` when it
+    is not that long, or no padding is found within ``budget`` bindings."""
+    if tensor_shape(var)[axis] <= length:
+        return [var]
+    leaves, stack, seen = [], [var], VarMap()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen[v] = True
+        val = facts.value.get(v)
+        if op_name(val) == "relax.nn.pad" and isinstance(val.args[0], relax.Var):
+            leaves.append(val.args[0])
+        elif val is None or len(seen) > budget:
+            return [var]
+        elif not facts.constant(v):
+            stack.extend(facts.reads[v])
+    return leaves
+
+
+class _FinalState:
+    """Reads the region's other uses as its final state.  Called with the oracle's final state
+    under one assignment: ``[(var, labels)]`` when every use outside the region is that state in
+    some layout, or computes it from the region alone (then it joins the region, as the update
+    after the last block does in a loop over blocks: the output never reads it); else None."""
+
+    def __init__(self, facts, region, outputs, sources, side, evaluate, external):
+        self.facts, self.region, self.outputs = facts, region, outputs
+        self.sources, self.side, self.evaluate = sources, side, evaluate
+        self.external = external
+        self.absorbed = ()
+
+    def __call__(self, last, known):
+        facts, found, absorbed = self.facts, [], VarMap()
+        pending = sorted(self.external, key=lambda v: facts.order[v])
+        seen = VarMap((v, True) for v in pending)
+        while pending:
+            u = pending.pop(0)
+            if tensor_shape(u) is None:           # (a tuple: the state is not read whole)
+                return None
+            labels = state_layout(u, np.asarray(self.evaluate(u), dtype=np.float64), last, known)
+            if labels is not None:
+                found.append((u, labels))
+                continue
+            if not self._computable(u, absorbed):
+                return None
+            absorbed[u] = True
+            for w in facts.users.get(u, []):
+                if w == "return":
+                    return None               # (a part of the state is returned)
+                if w not in seen and not _dead(facts, w):
+                    seen[w] = True
+                    pending.append(w)
+            pending.sort(key=lambda v: facts.order[v])
+        self.absorbed = tuple(absorbed.keys())
+        return found
+
+    def _computable(self, u, absorbed):
+        """``u`` reads only the region (not its outputs), what was absorbed, its operands and
+        constants."""
+        return all((r in self.region and not any(r.same_as(o) for o in self.outputs))
+                   or r in absorbed or r in self.sources or r in self.side
+                   or _prepared(self.facts, r, self.sources) or self.facts.constant(r)
+                   for r in self.facts.reads[u])
+
+
+def _zero_tail(x, axis, length):
+    """``x`` with its rows from ``length`` on along ``axis`` zero: an input padded before it
+    was scaled holds padding there (zero, or a log-decay of 0), which the final state reads."""
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(length, None)
+    x[tuple(index)] = 0.0
+    return x
 
 
 def _prepared(facts, var, sources, budget=8):
@@ -378,6 +462,11 @@ def _logical(labels, spec, inner):
             spec.key if inner == "K" else spec.value)
 
 
+def _returned_tuple(facts, var):
+    """``var`` is the tuple the function returns (an exported model's outputs)."""
+    return isinstance(facts.value.get(var), relax.Tuple) and "return" in facts.users.get(var, [])
+
+
 def _dead(facts, var, budget=16):
     """Nothing reads ``var`` (or only bindings nothing reads: an in-place write's export takes
     the old slice and drops it)."""
@@ -408,9 +497,11 @@ def _pad_of(facts, r, sources):
 
 
 def _log_decay(facts, region, blocks, sources):
-    """The blocked input the region's cumsums over a block are computed from (the log-decay;
-    None when none is), or NotChunked when several are."""
-    cumsums = [v for v in region if op_name(facts.value.get(v)) == "relax.cumsum"]
+    """The blocked input the region's cumsums within a block are computed from (the
+    log-decay; None when none is), or NotChunked when several are.  (A cumsum over the blocks
+    sums their states: no decay.)"""
+    cumsums = [v for v in region if op_name(facts.value.get(v)) == "relax.cumsum"
+               and (blocks is None or (tensor_shape(v) or (0,))[int(facts.value[v].attrs.axis)] == blocks[1])]
     reached = set()
     for c in cumsums:
         seen, stack = VarMap(), [c]

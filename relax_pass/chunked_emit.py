@@ -75,6 +75,9 @@ def emit_chunked(bb, match, visit):
                                         spec.state_shape), "float32"))
     scan = bb.emit(make_scan(spec, args), "matrix_scan")
     o = bb.emit(relax.TupleGetItem(scan, 0)) if spec.return_last_state else scan
+    if match.scale is not None:                         # a scale on the scores, per head
+        c = np.asarray(match.scale, dtype="float32").reshape(1, -1, 1, 1)
+        o = bb.emit(relax.op.multiply(o, _cast(bb, relax.const(c, "float32"), spec.dtype)))
     shape = list(tensor_shape(match.output))
     time = match.out_labels.index("L")
     shape[time] = spec.length

@@ -90,10 +90,11 @@ def from_canonical(o, labels, shape, roles=("B", "H", "L", "V")):
 
 
 
-def assign_roles(orders, env, y, ext_values, exit_var, exit_axis, log_decay, side, external,
-            sources, length, padded):
-    """The first role/layout assignment under which the oracle gives ``y`` (and the external
-    uses are its final state)."""
+def assign_roles(orders, env, y, finals, exit_var, exit_axis, log_decay, side, sources, length,
+                 padded):
+    """The first role/layout assignment under which the oracle gives ``y`` and ``finals(last,
+    known)`` (the region's other uses read as the oracle's final state ``last``; None when
+    they are not) holds."""
     y_shape = tensor_shape(exit_var)
     checked = 0
     for q, k, v in orders:
@@ -118,7 +119,7 @@ def assign_roles(orders, env, y, ext_values, exit_var, exit_axis, log_decay, sid
                                           known2, length, padded)
                             if got is None:
                                 continue
-                            final = _finals(external, ext_values, got.last, known2)
+                            final = finals(got.last, known2)
                             if final is None:
                                 continue
                             spec = _spec(known2, length, (q, q_labels), (k, k_labels), (v, v_labels),
@@ -128,10 +129,11 @@ def assign_roles(orders, env, y, ext_values, exit_var, exit_axis, log_decay, sid
                                         v=Operand(v, v_labels),
                                         log_decay=None if log_decay is None else Operand(log_decay, g_labels),
                                         h0=Operand(side[0], h0_labels) if side else None,
-                                        out_labels=out_labels, final=tuple(final), decay_values=got.decay)
-    if external:
+                                        out_labels=out_labels, final=tuple(final), decay_values=got.decay,
+                                        scale=got.scale)
+    if finals.external:
         raise NotChunked(f"no assignment gives the matrix scan with "
-                         f"{', '.join(u.name for u in external)} as its final state")
+                         f"{', '.join(u.name for u in finals.external)} as its final state")
     raise NotChunked("no assignment of q, k, v and their dims gives the matrix scan")
 
 
@@ -207,18 +209,21 @@ def _full(known, role):
 
 
 class OracleFit(NamedTuple):
-    """The oracle's output in the exit's layout, its final state (B, H, K, V), and the
-    constant decay per head it was given (None: the graph's log-decay, or none)."""
+    """The oracle's output in the exit's layout, its final state (B, H, K, V), the constant
+    decay per head it was given (None: the graph's log-decay, or none) and the scale per head
+    of the output (None: 1; a scale on the scores, ``q @ k^T * scale``)."""
     o: np.ndarray
     last: np.ndarray
     decay: object
+    scale: object = None
 
 
 def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_labels, known,
             length, padded):
     """The ``OracleFit`` of the matrix scan under this assignment when it equals the region's
     output, else None.  With no log-decay in the graph, the decay may be a constant per head
-    (MiniMax's slopes, retention's gammas): it is read off the output's first steps."""
+    (MiniMax's slopes, retention's gammas): it is read off the output's first steps; and the
+    output may be scaled per head (a scale on the scores): read off by least squares."""
     qa, ka, va = (to_canonical(env[x], labels, inner)[:, :, :length] for (x, labels), inner in
                   ((q, "K"), (k, "K"), (v, "V")))
     g, decay, constant = None, "none", None
@@ -229,9 +234,13 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
     if side:
         h0 = _state_canonical(env[side[0]], h0_labels, known)
     bh = (_full(known, "B"), _full(known, "H"))
+    try:
+        y_roles = np.broadcast_to(to_canonical(y, out_labels, "V")[:, :, :length], bh + (length, va.shape[-1]))
+    except ValueError:
+        return None
     if log_decay is None:
         try:
-            constant = _constant_decay(qa, ka, va, h0, to_canonical(y, out_labels, "V"), bh)
+            constant = _constant_decay(qa, ka, va, h0, y_roles, bh)
         except ValueError:                          # shapes that do not broadcast
             return None
         if constant is not None:
@@ -240,8 +249,11 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
         o, last = reference.matrix_scan(qa, ka, va, g, decay=decay, h0=h0, return_last_state=True)
     except ValueError:                              # shapes the spec refuses
         return None
-    if o.shape[:2] != bh:
+    if o.shape != y_roles.shape:
         return None
+    scale = _output_scale(o, y_roles)
+    if scale is not None:
+        o = o * scale.reshape(1, -1, 1, 1)
     pad = [(0, 0)] * 4
     pad[2] = (0, padded - length)
     o_shape = list(y_shape)
@@ -249,21 +261,37 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
         got = from_canonical(np.pad(o, pad), out_labels, o_shape)
     except ValueError:
         return None
-    return OracleFit(got, last, constant) if _close(got, y) else None
+    return OracleFit(got, last, constant, scale) if _close(got, y) else None
+
+
+def _output_scale(o, y):
+    """The per-head ``c`` that best makes ``c * o`` be ``y`` (both (B, H, L, V)); None when it
+    is 1 (or ``o`` is 0 on a head)."""
+    den = (o * o).sum(axis=(0, 2, 3))
+    if np.any(den <= 1e-12):
+        return None
+    c = (o * y).sum(axis=(0, 2, 3)) / den
+    return None if np.all(np.abs(c - 1.0) <= 1e-9) else c
 
 
 def _constant_decay(q, k, v, h0, y, bh):
     """The per-head ``g`` with which ``y`` is the scan at its first steps (None when it is 1:
     no decay): ``o_0 = g q_0 h0 + (q_0.k_0) v_0`` with an initial state, else
-    ``o_1 = g (q_1.k_0) v_0 + (q_1.k_1) v_1``; least squares over batch and value."""
+    ``o_1 = c (g (q_1.k_0) v_0 + (q_1.k_1) v_1)`` with ``c`` from ``o_0 = c (q_0.k_0) v_0`` (a
+    scale on the scores); least squares over batch and value."""
     q, k, v = (np.broadcast_to(x, bh + x.shape[2:]) for x in (q, k, v))
     y = np.broadcast_to(y, bh + y.shape[2:])
     if h0 is not None:
         c = np.einsum("bhk,bhkv->bhv", q[:, :, 0], h0)
         r = y[:, :, 0] - np.einsum("bhk,bhk->bh", q[:, :, 0], k[:, :, 0])[..., None] * v[:, :, 0]
     else:
+        first = np.einsum("bhk,bhk->bh", q[:, :, 0], k[:, :, 0])[..., None] * v[:, :, 0]
+        den = (first * first).sum(axis=(0, 2))
+        scale = (first * y[:, :, 0]).sum(axis=(0, 2)) / np.where(den > 1e-12, den, 1.0)
+        if np.any(den <= 1e-12) or np.any(np.abs(scale) <= 1e-12):
+            return None
         c = np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 0])[..., None] * v[:, :, 0]
-        r = y[:, :, 1] - np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 1])[..., None] * v[:, :, 1]
+        r = y[:, :, 1] / scale[:, None] - np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 1])[..., None] * v[:, :, 1]
     den = (c * c).sum(axis=(0, 2))
     if np.any(den <= 1e-12):
         return None
@@ -284,24 +312,20 @@ def _state_canonical(x, labels, known):
         * np.ones((_full(known, "B"), _full(known, "H"), 1, 1))
 
 
-def _finals(external, ext_values, last, known):
-    """``[(var, labels)]``: every external use is the final state in some layout, else None."""
-    found = []
-    for u, value in zip(external, ext_values):
-        shape = tensor_shape(u)
-        for labels in _labelings(shape, None, ("B", "H", "K", "V"), ("K", "V")):
-            if _extents(shape, labels, known) is None:
-                continue
-            try:
-                got = from_canonical(last, labels, shape, roles=("B", "H", "K", "V"))
-            except ValueError:
-                continue
-            if _close(got, value):
-                found.append((u, labels))
-                break
-        else:
-            return None
-    return found
+def state_layout(var, value, last, known):
+    """The labels under which ``value`` (of ``var``) is the final state ``last`` (B, H, K, V),
+    else None."""
+    shape = tensor_shape(var)
+    for labels in _labelings(shape, None, ("B", "H", "K", "V"), ("K", "V")):
+        if _extents(shape, labels, known) is None:
+            continue
+        try:
+            got = from_canonical(last, labels, shape, roles=("B", "H", "K", "V"))
+        except ValueError:
+            continue
+        if _close(got, value):
+            return labels
+    return None
 
 
 def _spec(known, length, q, k, v, log_decay, g_labels, has_h0, final, dtype, constant=None):

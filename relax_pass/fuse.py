@@ -220,7 +220,7 @@ def _fuse(mod, recurrences):
             if rec.rejected or rec.validation_s is not None or id(rec) not in replaced:
                 continue
             try:
-                given = rec.chunked.inputs() if rec.chunked is not None else ()   # local to its region
+                given = rec.chunked.inputs if rec.chunked is not None else ()   # local to its region
                 ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)], given)
             except _MATCHER_ERRORS + (ArithmeticError,) as err:   # numpy refused a probe value
                 ok, why, seconds = False, f"the probe run could not evaluate it: {error_line(err)}", 0.0

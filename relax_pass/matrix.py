@@ -149,9 +149,7 @@ def _readouts(rec, value_of, users, labels, rng):
         first = readout_piece(value_of, fields[0], states, position, start, rec.state_shape, labels, rng)
         if first is None:
             if _reads_previous_states(value_of, fields, rec.states, position, start):
-                why = (f"the pieces stacked in {where.name} read the state before each step's update "
-                       "(o_t from S_(t-1), as RWKV's bonus form o_t = q_t (S_(t-1) + u k_t v_t^T) does): "
-                       "not a matrix scan's o_t = q_t^T S_t; left an affine scan")
+                why = _READ_BEFORE.format(where.name)
             continue
         piece, (key, q_labels, r_labels) = first
         pieces = [piece] + [readout_piece(value_of, f, states, position, start, like=piece) for f in fields[1:]]
@@ -178,7 +176,16 @@ def _readouts(rec, value_of, users, labels, rng):
             consumed |= set(fields) | region
             epilogue = None if pure else (fields[0], time_axis)
         return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels, epilogue
+    for where, fields, _ in stack_sources(value_of, users, rec.length + 1):   # (the last update unread)
+        if all(isinstance(f, relax.Var) for f in fields) and \
+                _reads_previous_states(value_of, fields, rec.states, position, start):
+            return _READ_BEFORE.format(where.name)
     return why
+
+
+_READ_BEFORE = ("the pieces stacked in {} read the state before each step's update (o_t from "
+                "S_(t-1), as RWKV's bonus form o_t = q_t (S_(t-1) + u k_t v_t^T) does): not a matrix "
+                "scan's o_t = q_t^T S_t; left an affine scan")
 
 
 def _reads_previous_states(value_of, fields, states, position, start):

@@ -57,14 +57,44 @@ def parallel_regions(facts, views):
             continue
         operands, constants = walked
         for r in reads:                      # what the exit reads besides them: v
+            while _flattened(facts, r):
+                r = facts.value[r].args[0]
             if _count(tensor_shape(r), length) == 1 and not any(r.same_as(o) for o, _ in operands):
                 operands.append((r, tensor_shape(r).index(length)))
         if any(v in views for v, _ in operands):
             continue
         if not any(_is_causal_mask(facts, c, length, masks) for c in constants):
             continue
-        found.append((b.var, shape.index(length), length, operands))
+        exit_var = _unflattened(facts, b.var)
+        found.append((exit_var, tensor_shape(exit_var).index(length), length, operands))
     return found
+
+
+def _merges_leading(inner, outer):
+    """``outer`` is ``inner`` with its leading dims merged into one (what the frontend's
+    ``matmul`` of 4-D operands does: (B, H, L, .) as (B*H, L, .)); the last two kept."""
+    return (inner is not None and outer is not None and 3 <= len(outer) < len(inner)
+            and tuple(outer[1:]) == tuple(inner[len(inner) - len(outer) + 1:])
+            and outer[0] == int(np.prod(inner[:len(inner) - len(outer) + 1])))
+
+
+def _unflattened(facts, var):
+    """The one reshape that splits ``var``'s merged leading dims back, when that is its only
+    use (the exit is then read in the layout the model has); else ``var``."""
+    users = facts.users.get(var, [])
+    if len(users) == 1 and users[0] != "return" and op_name(facts.value[users[0]]) == "relax.reshape" \
+            and _merges_leading(tensor_shape(users[0]), tensor_shape(var)):
+        return users[0]
+    return var
+
+
+def _flattened(facts, var):
+    """``var`` is its operand with the leading dims merged (a reshape, through a
+    ``broadcast_to``): read through, the operand keeps its batch and head dims."""
+    val = facts.value.get(var)
+    if op_name(val) == "relax.broadcast_to":
+        return True
+    return op_name(val) == "relax.reshape" and _merges_leading(tensor_shape(val.args[0]), tensor_shape(var))
 
 
 def _walk(facts, squares, length):
@@ -82,7 +112,8 @@ def _walk(facts, squares, length):
             continue
         val = facts.value.get(v)
         shape = tensor_shape(v)
-        if val is not None and (_count(shape, length) >= 2 or op_name(val) in READ_THROUGH):
+        if val is not None and (_count(shape, length) >= 2 or op_name(val) in READ_THROUGH
+                                or _flattened(facts, v)):
             if op_name(val) in NOT_A_SCAN:
                 return None
             region[v] = True

@@ -1,7 +1,8 @@
 """Matrix scans written as a loop over blocks of rows (MiniMax's lightning attention, as
-transformers ships it) and in the parallel (L, L) form (fla's ``naive_retention``, masked linear
-attention, a segsum decay): each must be one matrix scan, equal to PyTorch; softmax attention,
-whose (L, L) form is no scan, must be left alone without a report."""
+transformers ships it) and in the parallel (L, L) form (masked linear attention, a segsum
+decay; fla's own parallel forms are in ``test_fla_naive_kernels.py``): each must be one matrix
+scan, equal to PyTorch; softmax attention, whose (L, L) form is no scan, must be left alone
+without a report."""
 import numpy as np
 import pytest
 import torch
@@ -103,21 +104,6 @@ def test_a_gated_block_loop_written_by_hand_is_a_matrix_scan(length):
 
 # ---------------------------------------------------------------- parallel (L, L) forms
 
-def naive_retention(q, k, v):
-    """fla-core 0.6's ``fla.ops.retention.naive.naive_retention``, as it is written there:
-    gammas ``1 - 2^(-5 - h)`` per head, a decay mask from ``exp2`` and ``ge``, a 3-operand
-    einsum then one with v."""
-    orig_type = q.dtype
-    q, k, v = q.float(), k.float(), v.float()
-    _, n_heads, seq_len, d_head = q.shape
-    s = (1 - q.new_tensor(2., dtype=torch.float).pow(-5. - q.new_tensor(range(n_heads), dtype=torch.float))).log2()
-    n = q.new_tensor(range(seq_len), dtype=torch.float)
-    n = torch.exp2((n.unsqueeze(-1) - n) * s.view(-1, 1, 1)) * n.unsqueeze(-1).ge(n)
-    s = torch.einsum('bhqd,bhkd,hqk->bhqk', q * d_head ** -0.5, k, n.to(q.dtype))
-    o = torch.einsum('bhqk,bhkd->bhqd', s, v)
-    return o.to(orig_type)
-
-
 class Fn(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -125,20 +111,6 @@ class Fn(torch.nn.Module):
 
     def forward(self, *args):
         return self.fn(*args)
-
-
-@pytest.mark.parametrize("length", [2, 3, 33])
-def test_fla_naive_retention_is_a_matrix_scan_with_its_gammas(length):
-    args = _qkvg(2, 4, length, 8, 6, 0)[:3]
-    model = Fn(naive_retention)
-    mod = sw.from_torch(model, args)
-    found = sw.find_recurrences(mod, include_rejected=True)
-    assert [(r.form, r.rejected) for r in found] == [("matrix", False)], found
-    gammas = 1 - 2.0 ** (-5.0 - np.arange(4))
-    np.testing.assert_allclose(found[0].chunked.decay_values, np.tile(gammas, 2), rtol=1e-6)
-    with torch.no_grad():
-        want = model(*args).numpy()
-    assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)
 
 
 def masked_linear_attention(q, k, v):
