@@ -160,6 +160,8 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return x[tuple(index)]
     if name == "concat":
         return np.concatenate(args[0], axis=int(a.axis))
+    if name == "stack":
+        return np.stack(args[0], axis=int(a.axis))
     if name == "nn.pad" and str(a.pad_mode) == "constant":
         # a negative width crops (RWKV's time shift pads (1, -1) along time)
         width = [int(w) for w in a.pad_width]
@@ -259,7 +261,7 @@ def _scatter_nd(data, indices, updates, reduction):
     return out
 
 
-OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat split expand_dims squeeze reshape "
+OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat stack split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
              "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
              "nn.layer_norm nn.rms_norm arange scatter_nd tile nn.pad").split()

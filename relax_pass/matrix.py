@@ -21,6 +21,7 @@ Each factor is then lifted to the whole sequence (``lift.py``) and put in the sc
 import itertools
 import string
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -79,21 +80,22 @@ def match_matrix(rec, value_of, users):
     readout = _readouts(rec, value_of, users, labels, rng)
     if isinstance(readout, str):
         return readout
-    output, out_axes, key, q, consumed, readout_vars, readout_labels, epilogue = readout
-    found = input_and_decay(rec.b, rec.a, shape, rec.dtype, key, labels, value_of, rng)
+    found = input_and_decay(rec.b, rec.a, shape, rec.dtype, readout.key, labels, value_of, rng)
     if isinstance(found, str):
         return found
     roles, k, others, decay = found
+    consumed = readout.consumed
     stray = [s for s in rec.states[:-1] if any(u not in rec.internal and u not in consumed
                                                 for u in users.get(s, []))]
     if stray:
         return f"state {stray[0].name} is used outside the readout"
     last_users = any(u not in rec.internal and u not in consumed for u in users.get(rec.states[-1], []))
     per_step = decay is not None and rec.analysis.template(decay.expr).index is not None
-    spec = matrix_spec(rec.state_shape, roles, rec.length, q, k, others, decay, per_step, rec.reverse,
-                       rec.initial is not None, rec.dtype, last_users)
-    return MatrixMatch(spec, roles, q, k, others, decay, output, out_axes, consumed, last_users,
-                       readout_vars, readout_labels, epilogue)
+    spec = matrix_spec(rec.state_shape, roles, rec.length, readout.q, k, others, decay, per_step,
+                       rec.reverse, rec.initial is not None, rec.dtype, last_users)
+    return MatrixMatch(spec, roles, readout.q, k, others, decay, readout.output, readout.out_labels,
+                       consumed, last_users, readout.readout_vars, readout.readout_labels,
+                       readout.epilogue)
 
 
 def input_and_decay(b, a, shape, dtype, key, labels, value_of, rng, lanes_from=None):
@@ -134,11 +136,22 @@ class Piece:
     region: set
 
 
+class Readouts(NamedTuple):
+    """A stack of one piece per state in time order, each computing ``q_t^T S_t`` (and maybe
+    more from it: a skip term, a gate, a normalizer)."""
+    output: object          # the stacked var (the scan's output replaces it), or None
+    out_labels: tuple       # its labels (None without it)
+    key: int                # the state dim the readout contracts (K)
+    q: Factor
+    consumed: set           # the bindings the pieces are made of
+    readout_vars: list      # (each step's q_t^T S_t, its time index)
+    readout_labels: tuple   # for each non-unit axis of one readout: a state dim
+    epilogue: tuple         # (first piece, stack axis) when each piece computes more, else None
+
+
 def _readouts(rec, value_of, users, labels, rng):
-    """``(stacked var or None, labels, K dim, q Factor, consumed, readouts, readout labels)``
-    for a stack of one piece per state in time order, each computing ``q_t^T S_t`` (and maybe
-    more from it: a skip term, a gate, a normalizer), or a reason.  The stacked var is set when
-    the pieces are the readouts themselves (the scan's output then replaces the stack)."""
+    """The ``Readouts`` of ``rec``'s states, or a reason.  The stacked var is set when the
+    pieces are the readouts themselves, or compute the same thing from each."""
     states = VarMap(zip(rec.states, rec.indices))
     position = rec.analysis.positions()
     start = position.get(rec.states[0], -1)
@@ -175,7 +188,8 @@ def _readouts(rec, value_of, users, labels, rng):
             out_labels = tuple(out_labels)
             consumed |= set(fields) | region
             epilogue = None if pure else (fields[0], time_axis)
-        return var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts, r_labels, epilogue
+        return Readouts(var, out_labels, key, Factor(pieces[0].q, q_labels), consumed, readouts,
+                        r_labels, epilogue)
     for where, fields, _ in stack_sources(value_of, users, rec.length + 1):   # (the last update unread)
         if all(isinstance(f, relax.Var) for f in fields) and \
                 _reads_previous_states(value_of, fields, rec.states, position, start):

@@ -9,7 +9,7 @@ map they compute against the intended einsum, for any spelling.
 """
 from tvm import relax
 
-from .interpret import Interpreter, Unsupported
+from .interpret import EVAL_ERRORS, Interpreter
 from .steps import op_name, tensor_shape
 
 VIEW_OPS = ("relax.expand_dims", "relax.permute_dims", "relax.reshape", "relax.broadcast_to",
@@ -39,7 +39,7 @@ def evaluate(value_of, expr, env):
     interp.memo.update(env)
     try:
         return interp(expr)
-    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
+    except EVAL_ERRORS:
         return None
 
 

@@ -16,7 +16,7 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap, call_args
 
-from .interpret import Interpreter, Unsupported
+from .interpret import EVAL_ERRORS, Interpreter
 from .steps import WIDTH, op_name, tensor_dtype, tensor_shape
 
 SEARCH_BUDGET = 80       # nodes walked below an expression looking for its operands
@@ -126,7 +126,7 @@ def evaluate_from(value_of, expr, env):
     interp.memo.update((k, v) for k, v in env.items() if isinstance(k, relax.Var))
     try:
         return np.asarray(interp(expr))
-    except (Unsupported, KeyError, ValueError, TypeError, IndexError):
+    except EVAL_ERRORS:
         return None
 
 

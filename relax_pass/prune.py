@@ -16,4 +16,5 @@ def prune_dead_bindings(func):
             live.update(relax.analysis.free_vars(b.value))
         blocks.append(type(block)(kept[::-1]))
     body = relax.SeqExpr(blocks[::-1], func.body.body)
+    body = relax.BlockBuilder().normalize(body)     # (its type, as a parsed function has it)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)

@@ -11,7 +11,7 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap
 
-from .interpret import Interpreter, Unsupported
+from .interpret import EVAL_ERRORS, Interpreter
 from .steps import op_name, tensor_shape
 
 
@@ -92,7 +92,7 @@ def _written(value_of, last, chain, written, buffer_arg=2):
         interp.memo[first_buffer] = rng.standard_normal(shape)
     try:
         got = interp(last)
-    except (Unsupported, ValueError, TypeError, IndexError, KeyError):
+    except EVAL_ERRORS:
         return None
     values = [env[x] for x in written]
     for axis, n in enumerate(shape):

@@ -104,7 +104,7 @@ def test_clamp_is_one_chain_not_a_report_per_step():
 def test_validation_refuses_a_wrong_rewrite(monkeypatch):
     """The translation validation is the last line: a rewrite that stacks the states on the
     wrong axis (the bug of issue case 1, put back on purpose) is found and left alone."""
-    from relax_pass import fuse
+    from relax_pass import plan
 
     def transposed(bb, states, axis, rank, cat_axis, expand, increasing, shape):
         perm = list(range(rank + 1))
@@ -112,7 +112,7 @@ def test_validation_refuses_a_wrong_rewrite(monkeypatch):
         wrong = bb.emit(relax.op.permute_dims(states, perm))
         return bb.emit(relax.op.reshape(wrong, shape))   # same shape, wrong layout
 
-    monkeypatch.setattr(fuse, "gathered", transposed)
+    monkeypatch.setattr(plan, "gathered", transposed)
     model, args = _loop(FORMS["stack(hs, -1)"][0]), _args((B, L, L))
     mod = sw.from_torch(model, args)
     every = sw.find_recurrences(mod, include_rejected=True)
@@ -123,12 +123,12 @@ def test_validation_refuses_a_wrong_rewrite(monkeypatch):
 
 def test_validation_refuses_a_type_change(monkeypatch):
     """(a) of the validation: a replacement of another shape is refused before any probe."""
-    from relax_pass import fuse
+    from relax_pass import plan
 
     def wrong_shape(bb, states, axis, rank, cat_axis, expand, increasing, shape):
         return states                  # (B, D, L) where the stack is (L, B, D)
 
-    monkeypatch.setattr(fuse, "gathered", wrong_shape)
+    monkeypatch.setattr(plan, "gathered", wrong_shape)
     model, args = _loop(*FORMS["stack(hs, 0)"]), _args()
     mod = sw.from_torch(model, args)
     every = sw.find_recurrences(mod, include_rejected=True)

@@ -33,7 +33,7 @@ step to the same 2 of the inter-chunk part, so the chunked form cannot beat this
 The selective decay (Mamba-1: ``exp(dt'[v] A[k, v])``) varies over both of the state's dims,
 so it has no such frame (its products do not factor into a row and a column scale): every tile
 runs the direct recurrence, the decay computed in the registers' loop, one vector ``exp2``
-(``selective_cpu``'s polynomial) of dt' times A log2(e) per state element (A log2(e) is kept
+(``fast_math.exp2``) of dt' times A log2(e) per state element (A log2(e) is kept
 per task in a local buffer), the input k_t[row] (dt' v)[column] read from the stage.  At
 Mamba's shape (K = N = 16 states, V = the channels) a block of all 16 rows x 16 lanes is
 ``selective_cpu``'s pack of 16 channels with its N states in registers, and the two kernels
@@ -52,7 +52,7 @@ from tvm.script.ir_builder import tirx as T
 from scanweaver_core.spec import MatrixScanSpec, static_or
 
 from . import matrix_cpu_io as io
-from .selective_cpu import LOG2E, exp2
+from .fast_math import LOG2E, exp2
 
 NAME = "matrix_cpu"
 TARGET = "cpu"

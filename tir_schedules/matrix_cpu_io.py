@@ -25,7 +25,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from .layout import buffer_layout, extent_vars, matrix_index
-from .selective_cpu import silu, softplus
+from .fast_math import silu, softplus
 
 F32 = "float32"
 
@@ -120,7 +120,7 @@ def stage(ctx, s0, size):
 def _stage_dt(ctx, s0, s, w, scratch):
     """dt' of step ``s`` and column ``w`` into ``scratch`` (a ``(buffer, index)`` slot), then
     dt' and dt' * v into the stage.  The load is stored before softplus binds it: TVM's bf16
-    legalization miscompiles a Let whose value loads bf16 (``selective_cpu.stage_delta``)."""
+    legalization miscompiles a Let whose value loads bf16 (``selective_staging.stage_delta``)."""
     spec, ops, b, h, st = (ctx[k] for k in ("spec", "ops", "b", "h", "stage"))
     (buf, i), c, t = scratch, ctx["col"](w), time_of(ctx, s0 + s)
     dt = ops.load("dt", b, h, t, c)

@@ -46,7 +46,7 @@ from scanweaver_core.spec import MatrixScanSpec, static_or
 
 from .gpu_warp import barrier
 from .layout import buffer_layout, extent_vars, from_f32, grid, matrix_index, to_f32
-from .selective_cpu import LOG2E, silu, softplus
+from .fast_math import LOG2E, silu, softplus
 
 NAME = "matrix_gpu"
 TARGET = "cuda"

@@ -12,8 +12,8 @@ group's last channel: that lane recomputes and rewrites the same values (branch-
 run in parallel.  Nothing of size (B, D, L, N) is ever materialized.
 
 LLVM lowers ``exp`` to a scalar libm call per element, which would dominate the kernel, so
-``exp2``, softplus and silu are written here as vectorizable float32 polynomials (relative
-error ~2e-7).  ``last_state`` is written in the input dtype, like ``out``.
+``exp2``, softplus and silu are vectorizable float32 polynomials (``fast_math.py``).
+``last_state`` is written in the input dtype, like ``out``.
 
 A symbolic batch or L is an int64 Var in the argument shapes (``layout.extent_vars``); the
 L // tile full tiles run in a loop and the L % tile tail is one more tile whose staging loops
@@ -27,124 +27,12 @@ from tvm.script.ir_builder import tirx as T
 from scanweaver_core.algebra import apply
 from scanweaver_core.spec import SelectiveScanSpec, static_or
 
-from .layout import buffer_layout, extent_vars
+from .fast_math import F32, LOG2E, const as _c, exp2
+from .selective_staging import bc_index, declare, extents, stage_delta, stage_output
 
 NAME = "selective_cpu"
 TARGET = "cpu"
 FORM = "selective"
-
-LOG2E = 1.4426950408889634
-F32 = "float32"
-_MAGIC, _MAGIC_BITS = 12582912.0, 0x4B400000  # 1.5 * 2**23: its ulp is 1
-_ATANH_SERIES = tuple(1.0 / k for k in (13, 11, 9, 7, 5, 3, 1))  # atanh(s)/s in s**2
-# Cephes exp2f: 2**f = 1 + f*P(f) on [-0.5, 0.5]
-_EXP2_P = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
-           5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1)
-
-
-def _c(v):
-    return tirx.const(v, F32)
-
-
-def let(value, body, name="v"):
-    """``body(v)`` with ``v`` bound to ``value`` once: the polynomials below use their argument
-    several times, and nested inline copies would grow the IR (and the CUDA source) exponentially."""
-    var = tirx.Var(name, value.ty)
-    return tirx.Let(var, value, body(var))
-
-
-def exp2(x):
-    """``2**x`` for a float32 expression: ``k = round(x)`` by the magic-number addition (the
-    integer lands in the low mantissa bits), ``2**(x-k)`` by a polynomial, ``2**k`` built in
-    the exponent bits.  Clamped to [-126, 127] (``2**-126`` stands in for 0 as a decay)."""
-    def split(x):
-        k = tirx.reinterpret("int32", x + _c(_MAGIC)) - _MAGIC_BITS
-        return let(x - tirx.Cast(F32, k), lambda f: (_c(1.0) + f * _horner(f, _EXP2_P)) *
-                   tirx.reinterpret(F32, tirx.shift_left(k + 127, 23)), "f")
-
-    return let(tirx.max(tirx.min(x, _c(127.0)), _c(-126.0)), split, "x")
-
-
-def _horner(x, coefs):
-    p = _c(coefs[0])
-    for coef in coefs[1:]:
-        p = p * x + _c(coef)
-    return p
-
-
-def exp(x, native=False):
-    return T.exp(x) if native else exp2(x * _c(LOG2E))
-
-
-def softplus(x, native=False):
-    """``log(1 + e**x) = max(x, 0) + log1p(e**-|x|)``.  Polynomial form: log1p(v), v in
-    (0, 1], as ``2 atanh(v / (2 + v))`` by its odd series (s <= 1/3, error < 1e-8)."""
-    if native:
-        return let(x, lambda x: tirx.max(x, _c(0.0)) + T.log1p(T.exp(-tirx.abs(x))), "x")
-
-    def series(s):
-        return let(s * s, lambda s2: _c(2.0) * s * _horner(s2, _ATANH_SERIES), "s2")
-
-    def log1p_exp(v):
-        return let(v / (_c(2.0) + v), series, "s")
-
-    return let(x, lambda x: tirx.max(x, _c(0.0)) + let(exp(-tirx.abs(x)), log1p_exp, "e"), "x")
-
-
-def silu(z, native=False):
-    return let(z, lambda z: z / (_c(1.0) + exp(-z, native)), "z")
-
-
-def extents(spec):
-    """``(batch, length)``: ints, or the spec's int64 Vars where symbolic (pass to ``declare``)."""
-    resolve = extent_vars(spec)
-    return resolve(spec.batch), resolve(spec.length)
-
-
-def declare(spec, batch, length):
-    """The PrimFunc arguments in the README order (``batch``, ``length`` from ``extents``);
-    absent options are None."""
-    dt, (b, d, l, n) = spec.dtype, (batch, spec.dim, length, spec.dstate)
-    bc = (b, spec.groups, n, l) if spec.groups else (b, n, l)
-    bufs = {"u": ((b, d, l), dt), "delta": ((b, d, l), dt), "A": ((d, n), F32),
-            "B": (bc, dt), "C": (bc, dt),
-            "D": ((d,), F32) if spec.has_D else None,
-            "z": ((b, d, l), dt) if spec.has_z else None,
-            "delta_bias": ((d,), F32) if spec.has_delta_bias else None,
-            "h0": ((b, d, n), dt) if spec.has_h0 else None,
-            "out": ((b, d, l), dt),
-            "last_state": ((b, d, n), dt) if spec.return_last_state else None}
-    return {name: (T.arg(name, T.buffer(*sd, layout=buffer_layout(sd[0]))) if sd else None)
-            for name, sd in bufs.items()}
-
-
-def stage_delta(spec, ops, b, d, t, dt, du, native=False):
-    """Store delta (after bias and softplus) and delta*u of channel d at step t, in float32,
-    into the slots ``dt`` and ``du`` (``(buffer, index)`` pairs).  The input is stored before
-    the softplus binds it: TVM's bf16 legalization miscompiles a Let whose value loads bf16."""
-    (dbuf, di), (ubuf, ui) = dt, du
-    x = tirx.Cast(F32, ops["delta"][b, d, t])
-    T.buffer_store(dbuf, x + ops["delta_bias"][d] if spec.has_delta_bias else x, [di])
-    if spec.delta_softplus:
-        T.buffer_store(dbuf, softplus(dbuf[di], native), [di])
-    T.buffer_store(ubuf, dbuf[di] * tirx.Cast(F32, ops["u"][b, d, t]), [ui])
-
-
-def stage_output(spec, ops, b, d, t, y, scratch, native=False):
-    """Turn the slot ``y`` (holding sum_n C*h) into ``(y + D*u) * silu(z)``, in float32;
-    ``scratch`` receives z first (same bf16 reason).  Callers then cast y to the input dtype."""
-    (ybuf, yi), (sbuf, si) = y, scratch
-    if spec.has_D:
-        T.buffer_store(ybuf, ybuf[yi] + tirx.Cast(F32, ops["u"][b, d, t]) * ops["D"][d], [yi])
-    if spec.has_z:
-        T.buffer_store(sbuf, tirx.Cast(F32, ops["z"][b, d, t]), [si])
-        T.buffer_store(ybuf, ybuf[yi] * silu(sbuf[si], native), [yi])
-
-
-def bc_index(spec, b, g, n, t):
-    """Index of B/C for group g (ignored without groups)."""
-    return (b, g, n, t) if spec.groups else (b, n, t)
-
 
 def applies(spec):
     return isinstance(spec, SelectiveScanSpec)

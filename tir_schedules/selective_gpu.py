@@ -26,7 +26,8 @@ from scanweaver_core.spec import SelectiveScanSpec, static_or
 
 from .gpu_warp import barrier, set_pair
 from .layout import grid
-from .selective_cpu import F32, LOG2E, bc_index, declare, extents, stage_delta, stage_output
+from .fast_math import F32, LOG2E
+from .selective_staging import bc_index, declare, extents, stage_delta, stage_output
 
 NAME = "selective_gpu"
 TARGET = "cuda"

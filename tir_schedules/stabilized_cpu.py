@@ -13,7 +13,7 @@ stored contiguously along t) so the step itself stays vectorized across the pack
 The step is ``algebra.log_apply`` (the monoid written once) with this kernel's ``exp`` and
 ``max``: each of them stores its value into a slot of a small local vector buffer and returns
 the load, so a value the algebra uses twice (``e1``, ``e2``, the new max) is computed once.
-``exp`` is ``selective_cpu``'s float32 polynomial (LLVM lowers ``exp`` to one scalar libm
+``exp`` is ``fast_math``'s float32 polynomial (LLVM lowers ``exp`` to one scalar libm
 call per element), 0 below -87.3 (where float32's exp underflows; the polynomial would clamp
 to 2**-126 there), so an empty sum (all keys -inf) stays 0 and its log -inf.  The den-only
 output ``max + log(den')`` uses TVM's ``log`` (one per output element).
@@ -31,7 +31,7 @@ from scanweaver_core.algebra import LOG_FLOOR, log_apply, log_step
 from scanweaver_core.spec import StabilizedScanSpec, static_or
 
 from .layout import buffer_layout, extent_vars, from_f32, named, to_f32
-from .selective_cpu import exp as poly_exp
+from .fast_math import exp as poly_exp
 
 NAME = "stabilized_cpu"
 TARGET = "cpu"

@@ -1,0 +1,364 @@
+"""What the rewrite emits for each accepted recurrence, and where: one plan kind per form.
+
+``plans_for(rec)`` tries the kinds of ``PLAN_KINDS`` in that order (a kind's ``place``
+returns None when it does not apply, as DLight's rules do); a placed plan is
+``[(binding var, plan)]``: the rewriter calls ``plan.emit(rw, binding)`` when it reaches that
+binding, and the plan replaces what the rest of the graph read through ``rw.replace``.
+"""
+from typing import NamedTuple
+
+import numpy as np
+from tvm import relax
+
+from scanweaver_core.scan_op import emit_affine_scan, make_scan
+
+from .chunked_emit import emit_chunked
+from .cumulative import cumulative_scan
+from .interpret import EVAL_ERRORS, Interpreter
+from .lift import Lifter
+from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
+                            scan_to_stack, state_from_scan)
+from .matrix_lifted import emit_lifted
+from .stabilized import emit_stabilized
+from .steps import ONE, op_name, tensor_dtype, tensor_shape
+
+
+def plans_for(rec):
+    """``[(binding var, plan)]`` for an accepted ``rec`` (empty: nothing reads its states)."""
+    for kind in PLAN_KINDS:
+        placed = kind.place(rec)
+        if placed is not None:
+            return placed
+    raise AssertionError(f"no plan kind for {rec}")     # (AffinePlan takes every chain)
+
+
+class _Plan:
+    """One recurrence's emission; ``rec`` is what it reports to."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+
+class LiftedPlan(_Plan):
+    """A whole-sequence scan (``matrix_lifted.py``), at the scan it replaces."""
+
+    @classmethod
+    def place(cls, rec):
+        return [(rec.lifted.scan, cls(rec))] if rec.lifted is not None else None
+
+    def emit(self, rw, binding):
+        for old, new in emit_lifted(rw.builder_, self.rec.lifted, rw.visit_expr):
+            rw.replace(old, new)
+
+
+class StabilizedPlan(_Plan):
+    """A max-stabilized scan (``stabilized.py``), at the stacked output it replaces."""
+
+    @classmethod
+    def place(cls, rec):
+        return [(rec.stabilized.emit_at, cls(rec))] if rec.stabilized is not None else None
+
+    def emit(self, rw, binding):
+        for old, new in emit_stabilized(rw.builder_, self.rec.stabilized, rw.visit_expr):
+            rw.replace(old, new)
+
+
+class ChunkedPlan(_Plan):
+    """A chunked or parallel region (``chunked.py``), at the first of its outputs."""
+
+    @classmethod
+    def place(cls, rec):
+        return [(rec.chunked.emit_at, cls(rec))] if rec.chunked is not None else None
+
+    def emit(self, rw, binding):
+        for old, new in emit_chunked(rw.builder_, self.rec.chunked, rw.visit_expr):
+            rw.replace(old, new)
+
+
+class MatrixPlan(_Plan):
+    """A matrix-state chain (``matrix.py``), at its first step like an affine chain; with an
+    epilogue per piece, that is emitted where the pieces are stacked (``EpiloguePlan``)."""
+
+    @classmethod
+    def place(cls, rec):
+        if rec.matrix is None:
+            return None
+        placed = [(rec.bindings_vars()[0], cls(rec))]
+        if rec.matrix.epilogue is not None:
+            placed.append((rec.matrix.output, EpiloguePlan(rec)))
+        return placed
+
+    def emit(self, rw, binding):
+        rec, bb = self.rec, rw.builder_
+        match = rec.matrix
+        spec = match.spec
+        lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, rw.visit_expr)
+        factors = {"q": match.q, "k": match.k, "v": match.v, "decay": match.decay}
+        h0 = rw.visit_expr(rec.initial) if spec.has_h0 else None
+        scan, out = emit_matrix_scan(
+            bb, spec, match.roles, match.roles, factors, h0,
+            lambda f, inner: canonical(bb, *lifter.lift(f.expr), f.labels, match.roles, inner))
+        if match.epilogue is not None:         # pieces E(readout_t, x_t): lifted where stacked
+            rw.pending[id(rec)] = (lifter, out)
+        elif match.output is not None:
+            rw.replace(match.output, scan_to_stack(bb, out, match.roles, match.out_labels,
+                                                   tensor_shape(match.output), tensor_dtype(match.output)))
+        else:                                   # pieces compute more from each readout
+            first = min(rec.indices)
+            positions = [t - first for _, t in match.readout_vars]
+            for (r, _), value in zip(match.readout_vars, readouts_from_scan(bb, out, match, positions)):
+                rw.replace(r, value)
+        if spec.return_last_state:
+            last = state_from_scan(bb, bb.emit(relax.TupleGetItem(scan, 1)), match.roles, rec.state_shape)
+            rw.replace(rec.states[-1], last)
+
+
+class EpiloguePlan(_Plan):
+    """Where a matrix scan's lifted epilogue replaces the stacked pieces: E(readout_t, x_t)
+    lifted at the stack, where all it reads is bound (an invariant such as ``D[:, None]`` may
+    be bound inside the first step, after the scan)."""
+
+    def emit(self, rw, binding):
+        lifter, out = rw.pending.pop(id(self.rec))
+        rw.replace(binding.var, epilogue_stack(rw.builder_, lifter, out, self.rec.matrix))
+
+
+class SelectivePlan(_Plan):
+    """A Mamba selective scan (``selective.py``), where its match says."""
+
+    @classmethod
+    def place(cls, rec):
+        return [(rec.selective.emit_at, cls(rec))] if rec.selective is not None else None
+
+    def emit(self, rw, binding):
+        bb, match = rw.builder_, self.rec.selective
+        args = []
+        for x, axes, shape, dtype in match.operands:     # each in the spec's layout and dtype
+            e = rw.visit_expr(x)
+            if axes is not None:
+                e = bb.emit(relax.op.permute_dims(e, axes))
+            if shape is not None and tensor_shape(e) != tuple(shape):
+                e = bb.emit(relax.op.reshape(e, shape))
+            if tensor_dtype(e) != dtype:
+                e = bb.emit(relax.op.astype(e, dtype))
+            args.append(e)
+        scan = bb.emit(make_scan(match.spec, args), "selective_scan")
+        y = bb.emit(relax.TupleGetItem(scan, 0)) if match.spec.return_last_state else scan
+        if match.out_axes is not None:
+            y = bb.emit(relax.op.permute_dims(y, match.out_axes))
+        if tensor_dtype(y) != match.out_dtype:
+            y = bb.emit(relax.op.astype(y, match.out_dtype))
+        rw.replace(match.output, y)
+        if match.spec.return_last_state:
+            rw.replace(self.rec.states[-1], bb.emit(relax.TupleGetItem(scan, 1)))
+
+
+class CumulativePlan(_Plan):
+    """A ``cumsum`` / ``cumprod`` op made a scan (``cumulative.py``), at the op."""
+
+    @classmethod
+    def place(cls, rec):
+        return [(rec.states[0], cls(rec))] if rec.form in ("cumsum", "cumprod") else None
+
+    def emit(self, rw, binding):
+        x = rw.visit_expr(binding.value.args[0])
+        rw.replace(binding.var, cumulative_scan(self.rec, x, rw.builder_.emit))
+
+
+class Stacking(NamedTuple):
+    """How a ``concat`` gathers a chain's states."""
+    axis: int               # the concat's axis (normalized)
+    expand: object          # the axis each piece was ``expand_dims``-ed at, or None
+    increasing: bool        # in time order (else reversed)
+    initial: object         # ("first" | "last", the initial state's var) when it is a piece too
+
+
+class AffinePlan(_Plan):
+    """A plain affine chain: the whole-sequence coefficients and one ``affine_scan`` at its
+    first step (whose operands ``rec.a``, ``rec.b`` are all bound by then; not at an
+    ``h_0 = b_0`` state put in front of it: fuzz case 1063, a coefficient recomputed per step,
+    is bound after h_0).  The stacked states replace each ``concat`` (or in-place written
+    buffer) that gathers them, the final state its other uses, a slice the others'."""
+
+    @classmethod
+    def place(cls, rec):
+        plan = cls(rec, *rec.facts)
+        return [(rec.bindings_vars()[0], plan)] if plan.need_states or plan.need_last else []
+
+    def __init__(self, rec, users, value):
+        super().__init__(rec)
+        states = rec.states
+        first = min(rec.indices)
+        self.position = {s: i - first for s, i in zip(states, rec.indices)}
+        internal = rec.internal
+        self.concats = {}                       # concat var -> Stacking
+        for v, val in value.items():
+            if op_name(val) in ("relax.concat", "relax.stack"):
+                got = self._stacking(val, value, users)
+                if got is not None:
+                    self.concats[v] = got
+        consumed = {f for c in self.concats for f in value[c].args[0].fields} | set(self.concats)
+        for buf, (axis, region) in written_buffers(rec, value, users).items():
+            self.concats[buf] = Stacking(axis, axis, True, None)   # out[:, t] = h_t for every t
+            consumed |= region
+        self.external = {}
+        for s in states:
+            uses = [u for u in users.get(s, []) if u not in internal and u not in consumed]
+            if uses:
+                self.external[s] = uses
+        self.last = states[-1]
+        self.need_states = bool(self.concats) or any(not s.same_as(self.last) for s in self.external)
+        self.need_last = self.last in self.external
+
+    def _stacking(self, concat, value, users):
+        """The ``Stacking`` when ``concat`` (or ``stack``) gathers exactly the chain's states
+        (each maybe through its own ``expand_dims``) in time order or its reverse, maybe with the initial
+        state in front or behind (``hs = [h0]`` before the loop); axes normalized
+        (``torch.stack(hs, -1)`` exports with negative ones)."""
+        fields = list(concat.args[0].fields)
+        rank = len(self.rec.state_shape)
+        states, expand_axes = [], set()
+        if op_name(concat) == "relax.stack":       # concat of expand_dims at the same axis
+            states, expand_axes = fields, {int(concat.attrs.axis) % (rank + 1)}
+            fields = ()
+        for f in fields:
+            inner = value.get(f)
+            if (op_name(inner) == "relax.expand_dims" and len(inner.attrs.axis) == 1
+                    and len(users.get(f, [])) == 1):
+                expand_axes.add(int(inner.attrs.axis[0]) % (rank + 1))
+                f = inner.args[0]
+            else:
+                expand_axes.add(None)
+            states.append(f)
+        initial = None
+        if len(states) == len(self.rec.states) + 1:
+            for end, k in (("first", 0), ("last", -1)):
+                if self._is_initial(states[k]):
+                    initial = (end, states[k])
+                    states.pop(k)
+                    break
+        if len(expand_axes) != 1 or len(states) != len(self.rec.states) or set(states) != set(self.rec.states):
+            return None
+        order = [self.position[s] for s in states]
+        n = len(order)
+        if order == list(range(n)):
+            increasing = True
+        elif order == list(range(n - 1, -1, -1)):
+            increasing = False
+        else:
+            return None
+        expand = expand_axes.pop()
+        return Stacking(int(concat.attrs.axis) % (rank + (expand is not None)), expand, increasing, initial)
+
+    def _is_initial(self, x):
+        """``x`` is the state before the first step: the chain's initial state, or zeros."""
+        rec = self.rec
+        if rec.initial is not None:
+            return x.same_as(rec.initial)
+        return tensor_shape(x) == rec.state_shape and rec.analysis.is_zeros(x)
+
+    def emit(self, rw, binding):
+        rec, bb = self.rec, rw.builder_
+        rank, axis = len(rec.state_shape), rec.axis
+        lifter = Lifter(rec.analysis, (min(rec.indices), rec.length), bb.emit, rw.visit_expr)
+        a = _vectorize(lifter, rec.a, rank - axis)
+        b = _vectorize(lifter, rec.b, rank - axis)
+        outputs = tuple(k for k, need in (("states", self.need_states), ("last", self.need_last)) if need)
+        h0 = rw.visit_expr(rec.initial) if rec.initial is not None else None
+        outs = emit_affine_scan(bb.emit, None if a is ONE else a, b, h0, rec.state_shape, rec.length,
+                                axis, rec.reverse, outputs)
+        for s in self.external:
+            if s.same_as(self.last):
+                rw.replace(s, outs["last"])
+            else:
+                pos = relax.const(self.position[s], "int64")
+                rw.replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
+        for c, stacking in self.concats.items():
+            rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
+
+
+PLAN_KINDS = (LiftedPlan, StabilizedPlan, ChunkedPlan, MatrixPlan, SelectivePlan, CumulativePlan,
+              AffinePlan)
+
+
+def _vectorize(lifter, expr, rho):
+    """The whole-sequence tensor of a step coefficient, time ``rho`` dims from the end."""
+    if expr is ONE:
+        return expr
+    return lifter.align(*lifter.lift(expr), rho)
+
+
+def _gather(bb, states, axis, rank, stacking, shape, visit):
+    """What the stacking ``concat`` computed (``shape``), from the scan's stacked ``states``;
+    with the initial state as a piece, that piece (bound before the chain; its own
+    ``expand_dims`` may come after it) and then the states."""
+    shape = list(shape)
+    cat_axis, expand, increasing, initial = stacking
+    if initial is not None:
+        piece = visit(initial[1])
+        if expand is not None:
+            piece = bb.emit(relax.op.expand_dims(piece, [expand]))
+        shape[cat_axis] -= tensor_shape(piece)[cat_axis]
+    states = gathered(bb, states, axis, rank, cat_axis, expand, increasing, tuple(shape))
+    if initial is not None:
+        pieces = [piece, states] if initial[0] == "first" else [states, piece]
+        states = bb.emit(relax.op.concat(pieces, cat_axis))
+    return states
+
+
+def gathered(bb, states, axis, rank, cat_axis, expand, increasing, shape):
+    """What ``concat([expand_dims(h_t, expand) ...], cat_axis)`` computed, from the scan's
+    stacked ``states`` (L at ``axis``): concatenating the pieces along ``cat_axis`` is
+    stacking them there and merging L with the next dim (a reshape)."""
+    if not increasing:
+        states = bb.emit(relax.op.flip(states, axis))
+    if expand == cat_axis:                                             # a plain torch.stack
+        perm = [i for i in range(rank + 1) if i != axis]
+        perm.insert(cat_axis, axis)
+        return states if perm == list(range(rank + 1)) else bb.emit(relax.op.permute_dims(states, perm))
+    perm = [i for i in range(rank + 1) if i != axis] + [axis]        # L last
+    if perm != list(range(rank + 1)):
+        states = bb.emit(relax.op.permute_dims(states, perm))
+    piece_rank = rank
+    if expand is not None:                                             # the pieces' unit dim
+        states = bb.emit(relax.op.expand_dims(states, [expand]))
+        piece_rank += 1
+    perm = list(range(piece_rank))
+    perm.insert(cat_axis, piece_rank)                                  # L stacked at cat_axis
+    if perm != list(range(piece_rank + 1)):
+        states = bb.emit(relax.op.permute_dims(states, perm))
+    if tensor_shape(states) != shape:
+        states = bb.emit(relax.op.reshape(states, shape))
+    return states
+
+
+def written_buffers(rec, value, users):
+    """In-place output writes ``out = x.new_empty(..); out[:, t] = h_t`` export as one
+    ``where(arange == t, broadcast(h_t), out)`` per step over the whole buffer.  A last such
+    ``where`` that equals the states stacked at an axis (checked by evaluating it on random
+    states and a random first buffer: every slot written, in time order) is that stack:
+    ``{buffer var: (axis, the bindings that built it)}``."""
+    shape, n = rec.state_shape, rec.length
+    found = {}
+    rng = np.random.default_rng(5)
+    for v, val in value.items():
+        full = tensor_shape(v)
+        if op_name(val) != "relax.where" or full is None or len(full) != len(shape) + 1:
+            continue
+        fits = [k for k in range(len(shape) + 1) if full == shape[:k] + (n,) + shape[k:]]
+        if not fits or any(op_name(value.get(u)) == "relax.where" and tensor_shape(u) == full
+                           for u in users.get(v, []) if isinstance(u, relax.Var)):
+            continue                    # not of a stack's shape, or not the last write
+        env = {s: rng.standard_normal(shape) for s in rec.states}
+        interp = Interpreter(value, missing=lambda var: rng.standard_normal(tensor_shape(var) or ()))
+        interp.memo.update(env)
+        try:
+            got = interp(v)
+        except EVAL_ERRORS:
+            continue
+        stacked = [env[s] for _, s in sorted(zip(rec.indices, rec.states), key=lambda p: p[0])]
+        for k in fits:
+            if np.array_equal(got, np.stack(stacked, k)):
+                found[v] = (k, {x for x in interp.memo if x not in env})
+                break
+    return found
