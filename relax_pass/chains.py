@@ -125,10 +125,11 @@ def find_chains(function_name, bindings):
                       f"({why.var.name}): not affine in h")
             near.setdefault(("not affine", why.op, tensor_shape(v)), (reason, []))[1].append(v)
     for v in order:          # max-plus steps m = max(m + w, k_t): a near miss of its own kind
-        prev = _max_plus_state(an, v)
+        prev, decayed = _max_plus_state(an, v)
         if prev is not None:
-            reason = (f"step {v.name}: max-plus recurrence m = max(m + w, k_t) on {prev.name} "
-                      "(a max-stabilized normalizer, as in RWKV/xLSTM): not affine in h; left as it was")
+            form = "max-plus recurrence m = max(m + w, k_t)" if decayed else "running max m = max(m, k_t)"
+            reason = (f"step {v.name}: {form} on {prev.name} (a max-stabilized normalizer, as in "
+                      "RWKV/xLSTM, online softmax or a logcumsumexp loop): not affine in h; left as it was")
             near.setdefault(("max-plus", tensor_shape(v)), (reason, []))[1].append(v)
     for reason, steps in near.values():
         more = f" (and {len(steps) - 1} more steps like it)" if len(steps) > 1 else ""
@@ -138,20 +139,27 @@ def find_chains(function_name, bindings):
 
 
 def _max_plus_state(an, v):
-    """The previous state when ``v = maximum(add(p, w), k)`` (either order) with ``p`` itself
-    such a step or of v's type bound earlier; else None."""
+    """``(previous state, decayed)`` when ``v = maximum(add(p, w), k)`` (either order;
+    ``decayed``) or ``maximum(p, k)`` (a running max, ``p`` reading one more), with ``p``
+    itself such a step of v's type; else ``(None, False)``."""
     value = an.value.get(v)
     if op_name(value) != "relax.maximum":
-        return None
+        return None, False
+
+    def is_step(p):
+        return isinstance(p, relax.Var) and op_name(an.value.get(p)) == "relax.maximum" \
+            and tensor_shape(p) == tensor_shape(v)
+
     for x in value.args:
         inner = an.value.get(x) if isinstance(x, relax.Var) else None
-        if op_name(inner) != "relax.add":
-            continue
-        for p in inner.args:
-            if isinstance(p, relax.Var) and op_name(an.value.get(p)) == "relax.maximum" \
-                    and tensor_shape(p) == tensor_shape(v):
-                return p
-    return None
+        if op_name(inner) == "relax.add":
+            for p in inner.args:
+                if is_step(p):
+                    return p, True
+    for p in value.args:     # (three maxima in a row: not just a max of a few tensors)
+        if is_step(p) and any(is_step(q) for q in an.value[p].args):
+            return p, False
+    return None, False
 
 
 def _drop_inner_chains(an, found):

@@ -39,40 +39,34 @@ class _Plan:
         self.rec = rec
 
 
-class LiftedPlan(_Plan):
+class _EmittedPlan(_Plan):
+    """A form whose match emits itself (``emitter(bb, match, visit) -> [(old, new)]``), at
+    the binding ``match.<at>``; ``attr`` names the match on the recurrence."""
+    attr, at, emitter = None, None, None
+
+    @classmethod
+    def place(cls, rec):
+        match = getattr(rec, cls.attr)
+        return [(getattr(match, cls.at), cls(rec))] if match is not None else None
+
+    def emit(self, rw, binding):
+        for old, new in type(self).emitter(rw.builder_, getattr(self.rec, self.attr), rw.visit_expr):
+            rw.replace(old, new)
+
+
+class LiftedPlan(_EmittedPlan):
     """A whole-sequence scan (``matrix_lifted.py``), at the scan it replaces."""
-
-    @classmethod
-    def place(cls, rec):
-        return [(rec.lifted.scan, cls(rec))] if rec.lifted is not None else None
-
-    def emit(self, rw, binding):
-        for old, new in emit_lifted(rw.builder_, self.rec.lifted, rw.visit_expr):
-            rw.replace(old, new)
+    attr, at, emitter = "lifted", "scan", staticmethod(emit_lifted)
 
 
-class StabilizedPlan(_Plan):
+class StabilizedPlan(_EmittedPlan):
     """A max-stabilized scan (``stabilized.py``), at the stacked output it replaces."""
-
-    @classmethod
-    def place(cls, rec):
-        return [(rec.stabilized.emit_at, cls(rec))] if rec.stabilized is not None else None
-
-    def emit(self, rw, binding):
-        for old, new in emit_stabilized(rw.builder_, self.rec.stabilized, rw.visit_expr):
-            rw.replace(old, new)
+    attr, at, emitter = "stabilized", "emit_at", staticmethod(emit_stabilized)
 
 
-class ChunkedPlan(_Plan):
+class ChunkedPlan(_EmittedPlan):
     """A chunked or parallel region (``chunked.py``), at the first of its outputs."""
-
-    @classmethod
-    def place(cls, rec):
-        return [(rec.chunked.emit_at, cls(rec))] if rec.chunked is not None else None
-
-    def emit(self, rw, binding):
-        for old, new in emit_chunked(rw.builder_, self.rec.chunked, rw.visit_expr):
-            rw.replace(old, new)
+    attr, at, emitter = "chunked", "emit_at", staticmethod(emit_chunked)
 
 
 class MatrixPlan(_Plan):

@@ -183,3 +183,41 @@ def test_hf_rwkv_through_the_public_pass_is_one_stabilized_scan_per_layer():
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.numpy()
     assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)
+
+
+class LogCumSumExpLoop(nn.Module):
+    """A logcumsumexp written as a loop: a running max (no decay) and the one sum it
+    rescales (den only), read out as ``m + log(s)``."""
+
+    def forward(self, x):
+        m = torch.full_like(x[:, 0], -1e38)
+        s = torch.zeros_like(x[:, 0])
+        outs = []
+        for t in range(x.shape[1]):
+            m_new = torch.maximum(m, x[:, t])
+            s = s * torch.exp(m - m_new) + torch.exp(x[:, t] - m_new)
+            m = m_new
+            outs.append(m + torch.log(s))
+        return torch.stack(outs, 1)
+
+
+def test_a_running_max_loop_is_a_near_miss_with_its_reason():
+    """Not fused yet (a den-only loop with no decay), but reported as what it is, and
+    compiled as it was: equal to ``torch.logcumsumexp``."""
+    x = torch.randn(2, 9, 5, generator=torch.Generator().manual_seed(0))
+    mod = sw.from_torch(LogCumSumExpLoop(), (x,))
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.rejected, "running max m = max(m, k_t)" in r.reason) for r in found] == [(True, True)], found
+    np.testing.assert_allclose(run_model(mod, [x])[0], torch.logcumsumexp(x, 1).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_max_of_three_tensors_is_no_loop():
+    """``max(max(a, b), c)``: no running max, nothing reported."""
+    fn = lambda a, b, c: torch.maximum(torch.maximum(a, b), c) * 2.0  # noqa: E731
+    args = tuple(torch.randn(2, 4) for _ in range(3))
+
+    class Fn(nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    assert sw.find_recurrences(sw.from_torch(Fn(), args), include_rejected=True) == []
