@@ -267,11 +267,7 @@ def _oracle(env, y, q, k, v, log_decay, g_labels, side, h0_labels, y_shape, out_
 def _output_scale(o, y):
     """The per-head ``c`` that best makes ``c * o`` be ``y`` (both (B, H, L, V)); None when it
     is 1 (or ``o`` is 0 on a head)."""
-    den = (o * o).sum(axis=(0, 2, 3))
-    if np.any(den <= 1e-12):
-        return None
-    c = (o * y).sum(axis=(0, 2, 3)) / den
-    return None if np.all(np.abs(c - 1.0) <= 1e-9) else c
+    return _unless_one(_head_fit(o, y))
 
 
 def _constant_decay(q, k, v, h0, y, bh):
@@ -286,17 +282,27 @@ def _constant_decay(q, k, v, h0, y, bh):
         r = y[:, :, 0] - np.einsum("bhk,bhk->bh", q[:, :, 0], k[:, :, 0])[..., None] * v[:, :, 0]
     else:
         first = np.einsum("bhk,bhk->bh", q[:, :, 0], k[:, :, 0])[..., None] * v[:, :, 0]
-        den = (first * first).sum(axis=(0, 2))
-        scale = (first * y[:, :, 0]).sum(axis=(0, 2)) / np.where(den > 1e-12, den, 1.0)
-        if np.any(den <= 1e-12) or np.any(np.abs(scale) <= 1e-12):
+        scale = _head_fit(first, y[:, :, 0])
+        if scale is None or np.any(np.abs(scale) <= 1e-12):
             return None
         c = np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 0])[..., None] * v[:, :, 0]
         r = y[:, :, 1] / scale[:, None] - np.einsum("bhk,bhk->bh", q[:, :, 1], k[:, :, 1])[..., None] * v[:, :, 1]
-    den = (c * c).sum(axis=(0, 2))
+    return _unless_one(_head_fit(c, r))
+
+
+def _head_fit(x, y):
+    """The per-head (axis 1) least-squares ``c`` of ``c * x = y`` over every other axis; None
+    when ``x`` is 0 on a head."""
+    axes = tuple(d for d in range(x.ndim) if d != 1)
+    den = (x * x).sum(axis=axes)
     if np.any(den <= 1e-12):
         return None
-    g = (r * c).sum(axis=(0, 2)) / den
-    return None if np.all(np.abs(g - 1.0) <= 1e-9) else g
+    return (x * y).sum(axis=axes) / den
+
+
+def _unless_one(c):
+    """``c``, or None when it is None or 1 on every head."""
+    return None if c is None or np.all(np.abs(c - 1.0) <= 1e-9) else c
 
 
 def _close(a, b):
