@@ -66,6 +66,7 @@ class Recurrence:
     lifted: object = field(default=None, repr=False)             # LiftedMatch: a whole-sequence scan
     chunked: object = field(default=None, repr=False)            # ChunkedMatch: a chunked region
     stabilized: object = field(default=None, repr=False)         # StabilizedMatch (stabilized.py)
+    mlstm: object = field(default=None, repr=False)              # MLSTMMatch (mlstm.py)
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
     lone: bool = field(default=False, repr=False)               # a near miss of lone steps

@@ -4,7 +4,7 @@ Put it first in a ``relax.transform`` pipeline, right after import (``sw.pipelin
 ``fuse`` runs the finders in one order: chunked and parallel regions (``chunked.py``), then
 unrolled chains (``chains.find_chains``, each read as a selective, matrix or plain affine scan;
 readout einsums split where that shows a matrix state: ``einsum_split.py``), max-stabilized
-scans (``stabilized.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
+scans (``stabilized.py``, then xLSTM's mLSTM: ``mlstm.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
 rewritten (``rewrite.py``, emitting each recurrence's plan: ``plan.py``) and validated
 (``validate.py``); a recurrence that fails is left exactly as it was, and
 ``find_recurrences`` says why.
@@ -22,6 +22,7 @@ from .einsum_split import readout_splits, split_einsums
 from .interpret import cached_constants
 from .matrix import MatrixMatch, match_matrix
 from .matrix_lifted import LiftedMatch, find_lifted
+from .mlstm import find_mlstm_scans
 from .rewrite import rewrite
 from .selective import SelectiveMatch, match_selective
 from .stabilized import find_stabilized_scans
@@ -91,13 +92,14 @@ def fuse(mod, cumulative=False):
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         recurrences = chunked + recurrences
-        stabilized = find_stabilized_scans(new)             # RWKV's WKV (stabilized.py)
-        if any(not r.rejected for r in stabilized):
-            new, stabilized = _fuse(new, stabilized)
-            covered = {n for r in stabilized if not r.rejected for n in r.bindings}
-            recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
-                           if not (r.rejected and r.bindings and set(r.bindings) <= covered)]
-        recurrences = recurrences + stabilized
+        for finder in (find_stabilized_scans, find_mlstm_scans):   # RWKV's WKV, xLSTM's mLSTM
+            stabilized = finder(new)
+            if any(not r.rejected for r in stabilized):
+                new, stabilized = _fuse(new, stabilized)
+                covered = {n for r in stabilized if not r.rejected for n in r.bindings}
+                recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
+                               if not (r.rejected and r.bindings and set(r.bindings) <= covered)]
+            recurrences = recurrences + stabilized
         lifted = find_lifted_scans(new)
         if not lifted:
             return new, recurrences

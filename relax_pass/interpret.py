@@ -15,7 +15,7 @@ from tvm import relax
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, op_name, tensor_shape
 from scanweaver_core.scan_op import parse_scan
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanSpec
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -197,9 +197,9 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return np.matmul(args[0], args[1])
     if name == "einsum":
         return np.einsum(str(a.subscripts), *args[0], optimize=len(args[0]) > 2)
-    if name in ("sum", "mean", "max", "min", "prod"):
+    if name in ("sum", "mean", "max", "min", "prod", "variance"):
         return _reduce({"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
-                        "prod": np.prod}[name], call, args[0])
+                        "prod": np.prod, "variance": np.var}[name], call, args[0])
     if name in ("cumsum", "cumprod"):
         fn = np.cumsum if name == "cumsum" else np.cumprod
         x = args[0] if a.axis is not None else args[0].reshape(-1)
@@ -262,7 +262,7 @@ def _scatter_nd(data, indices, updates, reduction):
 
 
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat stack split expand_dims squeeze reshape "
-             "permute_dims broadcast_to flip matmul einsum sum mean max min prod cumsum cumprod zeros "
+             "permute_dims broadcast_to flip matmul einsum sum mean variance max min prod cumsum cumprod zeros "
              "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
              "nn.layer_norm nn.rms_norm arange scatter_nd tile nn.pad").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
@@ -297,6 +297,12 @@ def _scan(spec, ops):
         got = [out[k] for k in spec.outputs]
     elif isinstance(spec, StabilizedScanSpec):
         got = _stabilized(spec, ops)
+    elif isinstance(spec, MLSTMScanSpec):
+        named = dict(zip(spec.operand_names(), ops))
+        h0 = [named[f"{n}0"] for n in spec.state_names()] if spec.has_h0 else None
+        got = reference.mlstm_scan(*(named[n] for n in "qkvif"), h0, spec.normalized, spec.eps,
+                                   spec.reverse, spec.return_last_state)
+        got = [got[0], *got[1]] if spec.return_last_state else [got]
     elif isinstance(spec, MatrixScanSpec):
         kwargs = {"g" if n == "dt" else n: x for n, x in zip(spec.operand_names(), ops)}
         got = reference.matrix_scan(decay=None if spec.decay == "selective" else spec.decay,

@@ -19,6 +19,7 @@ from .lift import Lifter
 from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
                             scan_to_stack, state_from_scan)
 from .matrix_lifted import emit_lifted
+from .mlstm import emit_mlstm
 from .stabilized import emit_stabilized
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 
@@ -62,6 +63,11 @@ class LiftedPlan(_EmittedPlan):
 class StabilizedPlan(_EmittedPlan):
     """A max-stabilized scan (``stabilized.py``), at the stacked output it replaces."""
     attr, at, emitter = "stabilized", "emit_at", staticmethod(emit_stabilized)
+
+
+class MLSTMPlan(_EmittedPlan):
+    """An mLSTM scan (``mlstm.py``), at the stacked output it replaces."""
+    attr, at, emitter = "mlstm", "emit_at", staticmethod(emit_mlstm)
 
 
 class ChunkedPlan(_EmittedPlan):
@@ -271,7 +277,7 @@ class AffinePlan(_Plan):
             rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
 
 
-PLAN_KINDS = (LiftedPlan, StabilizedPlan, ChunkedPlan, MatrixPlan, SelectivePlan, CumulativePlan,
+PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan, CumulativePlan,
               AffinePlan)
 
 

@@ -118,11 +118,14 @@ class _Reader:
 
     # 1. the max chain -----------------------------------------------------------------------
     def max_steps(self):
-        """``{m: (p, w, k)}`` for every ``m = maximum(add(p, w), k)``."""
+        """``{m: [(p, w, k, where)]}`` for every ``m = maximum(add(p, w), k)``: each reading
+        (``where``: the argument positions of the add and of p in it), as both operands of
+        the add may have the state's shape (xLSTM's ``max(f + m, i)``)."""
         out = VarMap()
         for var, val in self.value.items():
             if not _is(val, "relax.maximum"):
                 continue
+            readings = []
             for i, x in enumerate(_args(val)):
                 inner = self.val(x)
                 if not _is(inner, "relax.add"):
@@ -130,26 +133,36 @@ class _Reader:
                 other = _args(val)[1 - i]
                 for j, p in enumerate(_args(inner)):     # (a constant: a given initial max)
                     if isinstance(p, (relax.Var, GenericConst)) and tensor_shape(p) == tensor_shape(var):
-                        out[var] = (p, _args(inner)[1 - j], other)
-                        break
-                if var in out:
-                    break
+                        readings.append((p, _args(inner)[1 - j], other, (i, j)))
+            if readings:
+                out[var] = readings
         return out
 
     def chains(self):
+        """The max chains: each step's ``p`` is the previous step's max; the first step's
+        reading is the one in its successor's argument positions."""
         steps = self.max_steps()
+        linked = VarMap()                 # m -> its reading whose p is a max step
         nxt = VarMap()
-        for m, (p, _, _) in steps.items():
-            nxt.setdefault(p, []).append(m)
+        for m, readings in steps.items():
+            for reading in readings:
+                if reading[0] in steps:
+                    linked[m] = reading
+                    nxt.setdefault(reading[0], []).append(m)
+                    break
         chains = []
-        for m, (p, _, _) in steps.items():
-            if p in steps:
+        for m in steps.keys():
+            if m in linked or len(nxt.get(m, [])) != 1:
                 continue            # not a start
             chain = [m]
-            while len(nxt.get(chain[-1], [])) == 1 and nxt[chain[-1]][0] in steps:
+            while len(nxt.get(chain[-1], [])) == 1:
                 chain.append(nxt[chain[-1]][0])
-            if len(chain) >= MIN_STEPS:
-                chains.append([_Step(c, steps[c][0], steps[c][1], steps[c][2]) for c in chain])
+            if len(chain) < MIN_STEPS:
+                continue
+            where = linked[chain[1]][3]
+            first = next((r for r in steps[m] if r[3] == where), steps[m][0])
+            readings = [first] + [linked[c] for c in chain[1:]]
+            chains.append([_Step(c, r[0], r[1], r[2]) for c, r in zip(chain, readings)])
         return chains
 
     # 2. the coupled states ------------------------------------------------------------------
@@ -303,10 +316,10 @@ class _Reader:
 
 
     # where the readouts go ----------------------------------------------------------------------
-    def gathered(self, steps):
+    def gathered(self, steps, reverse=False):
         """``(output var, time axis, bindings)`` of the per-step writes of the readouts (in
-        place, or a ``concat``/``stack`` of them)."""
-        stacked = self._stacked(steps)
+        place, or a ``concat``/``stack`` of them in time order: ``reverse`` steps run back)."""
+        stacked = self._stacked(steps, reverse)
         if stacked is not None:
             return stacked
         writes, inside = [], set()
@@ -327,8 +340,8 @@ class _Reader:
         inside.update(writes)
         return last, axes[0], inside
 
-    def _stacked(self, steps):
-        """``torch.stack(ys, dim)``: one ``concat`` of the readouts in step order, each through
+    def _stacked(self, steps, reverse):
+        """``torch.stack(ys, dim)``: one ``concat`` of the readouts in time order, each through
         ``expand_dims`` (a new time axis), or bare along the channel axis (what export makes
         of a stack at dim 1 of (B, C) readouts: (B, L*C), reshaped after)."""
         pieces, concats = [], set()
@@ -344,8 +357,9 @@ class _Reader:
             return None
         cat = concats.pop()
         fields = list(_args(self.val(cat))[0].fields)
-        if len(fields) != len(pieces) or not all(f.same_as(p) for f, p in zip(fields, pieces)):
-            return None           # (only in step order)
+        timed = pieces[::-1] if reverse else pieces
+        if len(fields) != len(pieces) or not all(f.same_as(p) for f, p in zip(fields, timed)):
+            return None           # (only in time order: the scan's output is)
         rank = len(tensor_shape(cat))
         axis = int(self.val(cat).attrs.axis) % rank
         if pieces[0].same_as(steps[0].y):
@@ -519,7 +533,7 @@ def _match(reader, steps, an):
     if deltas not in ({1}, {-1}):
         raise NotStabilized(f"the keys' time indices are not consecutive: {idx[:6]}")
     reverse = deltas == {-1}
-    output, out_axis, inside = reader.gathered(steps)
+    output, out_axis, inside = reader.gathered(steps, reverse)
     for s in steps:
         s.inside |= inside
     region = set().union(*(s.inside for s in steps)) | {s.m for s in steps if s.m is not None}

@@ -5,10 +5,10 @@ Deliberately the plain sequential loop, written for clarity, not speed.
 import numpy as np
 
 from .algebra import LOG_FLOOR, apply, log_apply, log_step
-from .spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
+from .spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 __all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan",
-           "stabilized_scan"]
+           "stabilized_scan", "mlstm_scan"]
 
 
 def _f64(x):
@@ -234,3 +234,70 @@ def _stabilized_direct(k, v, w, u, state0):
         out[:, t] = _readout(*_logsumexp_terms(logw, (num_w, np.concatenate([ones[:n], np.ones((1, batch, channels))]))))
     state = state_after(length - 1)
     return out, state
+
+
+def mlstm_scan(q, k, v, i, f, h0=None, normalized=True, eps=1e-6, reverse=False,
+               return_last_state=False, method="loop"):
+    """``MLSTMScanSpec``'s recurrence in float64: ``h`` (B, H, L, V), or ``(h, state)`` with
+    ``state`` the tuple ``(C, n, m)`` after the last step (``(C, m)`` unnormalized).
+
+    ``method="loop"`` is the stabilized recurrence as the spec writes it; ``"direct"`` forms
+    each step's unstabilized sums from their definition, the log-weight of step s at t being
+    ``i_s + f_{s+1} + ... + f_t`` (the initial state's ``m0 + f_1 + ... + f_t``), ``m_t`` their
+    maximum, and scales them by ``exp(-m_t)``: an independent derivation, O(L^2)."""
+    arrays = [np.asarray(x) for x in (q, k, v, i, f)]
+    h0 = None if h0 is None else tuple(np.asarray(x) for x in h0)
+    spec = MLSTMScanSpec.for_arrays(*arrays, h0=h0, normalized=normalized, eps=eps, reverse=reverse,
+                                    return_last_state=return_last_state, check_dtypes=False)
+    q, k, v, i, f = (_f64(x) for x in arrays)
+    if reverse:
+        q, k, v, i, f = (x[:, :, ::-1] for x in (q, k, v, i, f))
+    b, h, key, value = spec.batch, spec.heads, spec.key, spec.value
+    if h0 is None:
+        state0 = (np.zeros((b, h, key, value)), np.zeros((b, h, key)), np.zeros((b, h)))
+    else:
+        parts = [_f64(x) for x in h0]
+        state0 = (parts[0], parts[1], parts[2]) if normalized else (parts[0], np.zeros((b, h, key)), parts[1])
+    run = {"loop": _mlstm_loop, "direct": _mlstm_direct}[method]
+    out, (c, n, m) = run(q, k, v, i, f, state0, normalized, eps)
+    if reverse:
+        out = out[:, :, ::-1]
+    out = np.ascontiguousarray(out)
+    state = (c, n, m) if normalized else (c, m)
+    return (out, state) if return_last_state else out
+
+
+def _mlstm_readout(q, c, n, m, normalized, eps):
+    num = np.einsum("bhk,bhkv->bhv", q, c)
+    if not normalized:
+        return num
+    qn = np.abs(np.einsum("bhk,bhk->bh", q, n))
+    return num / (np.maximum(qn, np.exp(-m)) + eps)[..., None]
+
+
+def _mlstm_loop(q, k, v, i, f, state0, normalized, eps):
+    c, n, m = (x.copy() for x in state0)
+    out = np.empty(q.shape[:3] + (v.shape[-1],))
+    for t in range(q.shape[2]):
+        m_new = np.maximum(f[:, :, t] + m, i[:, :, t])
+        decay, gate = np.exp(f[:, :, t] + m - m_new), np.exp(i[:, :, t] - m_new)
+        c = decay[..., None, None] * c + gate[..., None, None] * k[:, :, t, :, None] * v[:, :, t, None, :]
+        n = decay[..., None] * n + gate[..., None] * k[:, :, t]
+        m = m_new
+        out[:, :, t] = _mlstm_readout(q[:, :, t], c, n, m, normalized, eps)
+    return out, (c, n, m)
+
+
+def _mlstm_direct(q, k, v, i, f, state0, normalized, eps):
+    c0, n0, m0 = state0
+    fcum = np.cumsum(f, axis=2)
+    out = np.empty(q.shape[:3] + (v.shape[-1],))
+    for t in range(q.shape[2]):
+        logw = i[:, :, :t + 1] + fcum[:, :, t, None] - fcum[:, :, :t + 1]     # (B, H, t + 1)
+        log0 = m0 + fcum[:, :, t]
+        m = np.maximum(log0, logw.max(axis=2))
+        w, w0 = np.exp(logw - m[..., None]), np.exp(log0 - m)
+        c = w0[..., None, None] * c0 + np.einsum("bhs,bhsk,bhsv->bhkv", w, k[:, :, :t + 1], v[:, :, :t + 1])
+        n = w0[..., None] * n0 + np.einsum("bhs,bhsk->bhk", w, k[:, :, :t + 1])
+        out[:, :, t] = _mlstm_readout(q[:, :, t], c, n, m, normalized, eps)
+    return out, (c, n, m)

@@ -1,7 +1,7 @@
 """How a ScanWeaver scan appears in Relax between FuseAffineRecurrences and LowerScans.
 
 One ``R.call_pure_packed("scanweaver.affine_scan" | "scanweaver.selective_scan" |
-"scanweaver.matrix_scan" | "scanweaver.stabilized_scan", *operands,
+"scanweaver.matrix_scan" | "scanweaver.stabilized_scan" | "scanweaver.mlstm_scan", *operands,
 R.str(<spec as JSON>))``: readable in ``mod.script()`` (the spec travels with the call, next
 to its operands), pure (so dataflow and dead-code elimination treat it as an ordinary op),
 and replaced by ``call_tir`` when lowered.
@@ -14,11 +14,12 @@ import tvm
 from tvm import relax
 
 from .exprs import tensor_dtype, tensor_shape
-from .spec import (AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec, is_symbolic,
-                   symbol_identifiers, symbol_name)
+from .spec import (AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec, StabilizedScanSpec,
+                   is_symbolic, symbol_identifiers, symbol_name)
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec,
-           "scanweaver.matrix_scan": MatrixScanSpec, "scanweaver.stabilized_scan": StabilizedScanSpec}
+           "scanweaver.matrix_scan": MatrixScanSpec, "scanweaver.stabilized_scan": StabilizedScanSpec,
+           "scanweaver.mlstm_scan": MLSTMScanSpec}
 _CALLEE_OF = {kind: name for name, kind in CALLEES.items()}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 
@@ -36,8 +37,8 @@ def spec_from_json(kind, text):
                                      fields["has_h0"], fields["dtype"], tuple(fields["outputs"]))
     if kind is MatrixScanSpec:
         return MatrixScanSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    if kind is StabilizedScanSpec:
-        return StabilizedScanSpec(**fields)
+    if kind in (StabilizedScanSpec, MLSTMScanSpec):
+        return kind(**fields)
     return SelectiveScanSpec(**fields)
 
 
@@ -53,7 +54,7 @@ def _types(spec, dim):
     if isinstance(spec, AffineScanSpec):
         shapes = {"states": spec.shape, "last": spec.state_shape}
         return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
-    if isinstance(spec, StabilizedScanSpec):
+    if isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec)):
         dtypes = spec.buffer_dtypes()
         return [relax.TensorType([dim(d) for d in shape], dtypes[n]) for n, shape in spec.output_shapes().items()]
     if isinstance(spec, MatrixScanSpec):
@@ -77,6 +78,8 @@ def _operand_dims(spec, operands):
         return dims if set(dims) >= set(symbol_identifiers(spec)) else None
     if isinstance(spec, StabilizedScanSpec):     # k's shape names them
         return _dims_of(spec, operands[0], spec.seq_shape)
+    if isinstance(spec, MLSTMScanSpec):          # q's shape names them
+        return _dims_of(spec, operands[0], spec.buffer_shapes()["q"])
     source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
     extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
     return _dims_of(spec, source, extents)
@@ -173,6 +176,23 @@ def emit_stabilized_scan(emit, k, v=None, w=None, u=None, h0=None, reverse=False
             raise ValueError(f"{name}: dtype {tensor_dtype(x)} is not {want}")
     scan = emit(make_scan(spec, given))
     if not return_last_state:
+        return scan
+    return [emit(relax.TupleGetItem(scan, i)) for i in range(len(spec.output_names()))]
+
+
+def emit_mlstm_scan(emit, spec, operands):
+    """Emit the mLSTM scan of ``spec`` (``MLSTMScanSpec``) on ``operands`` (its inputs in
+    order, with the shapes and dtypes it says).  Returns ``h``, or ``[h, *last state parts]``
+    with ``return_last_state``.  A shape or dtype it cannot take raises ``ValueError``."""
+    shapes, dtypes = spec.operand_shapes(), spec.operand_dtypes()
+    for (name, shape), x in zip(shapes.items(), operands):
+        got = tensor_shape(x)
+        if got is not None and tuple(got) != tuple(shape) and not spec.is_symbolic:
+            raise ValueError(f"{name}: shape {tuple(got)} is not {tuple(shape)}")
+        if tensor_dtype(x) != dtypes[name]:
+            raise ValueError(f"{name}: dtype {tensor_dtype(x)} is not {dtypes[name]}")
+    scan = emit(make_scan(spec, list(operands)))
+    if not spec.return_last_state:
         return scan
     return [emit(relax.TupleGetItem(scan, i)) for i in range(len(spec.output_names()))]
 

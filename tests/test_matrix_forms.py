@@ -243,34 +243,6 @@ def test_nonlinear_state_is_left_with_its_reason():
     assert any(r.rejected and "tanh" in r.reason for r in recs)
 
 
-def test_max_stabilized_normalizer_is_left_with_its_reason():
-    """xLSTM's mLSTM: the stabilizer ``m = max(f + m, i)`` is a max-plus recurrence and the
-    state's decay ``exp(f + m_prev - m)`` reads it: not one affine recurrence of the state."""
-    def mlstm(q, k, v, i_gate, f_gate):
-        b, h, l, dk = q.shape
-        state = torch.zeros(b, h, dk, v.shape[-1])
-        m = torch.zeros(b, h)
-        outs = []
-        for t in range(l):
-            f = F.logsigmoid(f_gate[:, :, t])
-            m_new = torch.maximum(f + m, i_gate[:, :, t])
-            decay = torch.exp(f + m - m_new)[..., None, None]
-            state = decay * state + torch.exp(i_gate[:, :, t] - m_new)[..., None, None] * (
-                k[:, :, t, :, None] * v[:, :, t, None, :])
-            m = m_new
-            outs.append((q[:, :, t, :, None] * state).sum(-2))
-        return torch.stack(outs, dim=2)
-
-    q, k, v = _bhlk(4, 4, 5)
-    gates = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
-    model = Fn(mlstm)
-    mod = sw.from_torch(model, (q, k, v, *gates))
-    fused, recs = fuse(mod)
-    assert "scanweaver.matrix_scan" not in fused["main"].script()
-    assert any(r.rejected and "max-plus" in r.reason for r in recs), recs
-    assert_outputs_match(run_model(mod, (q, k, v, *gates)), torch_outputs(model, (q, k, v, *gates)))
-
-
 def test_readout_before_the_update_is_not_a_matrix_scan():
     """``o_t = q_t S_{t-1}`` (the state before this step's update) is a different layer: the
     matcher says so and the chain stays an affine scan, still equal to PyTorch."""

@@ -8,15 +8,15 @@ may also be realized by the counterpart's kernels.
 """
 import tvm
 
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, StabilizedScanSpec, static_or
+from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec, static_or
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
-from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu,
-               selective_cpu, selective_gpu, stabilized_cpu, stabilized_gpu)
+from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu, mlstm_cpu,
+               mlstm_gpu, selective_cpu, selective_gpu, stabilized_cpu, stabilized_gpu)
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu, matrix_cpu, matrix_gpu,
-                                    stabilized_cpu, stabilized_gpu)}
+                                    stabilized_cpu, stabilized_gpu, mlstm_cpu, mlstm_gpu)}
 
 
 def target_kind(target):
@@ -32,7 +32,8 @@ def target_kind(target):
 def _native(spec, kind):
     form = ("affine" if isinstance(spec, AffineScanSpec) else
             "matrix" if isinstance(spec, MatrixScanSpec) else
-            "stabilized" if isinstance(spec, StabilizedScanSpec) else "selective")
+            "stabilized" if isinstance(spec, StabilizedScanSpec) else
+            "mlstm" if isinstance(spec, MLSTMScanSpec) else "selective")
     names = [n for n, m in REALIZATIONS.items() if m.TARGET == kind and m.FORM == form and m.applies(spec)]
     if kind == "cuda" and form == "affine":
         # few lanes and a long L leave SMs idle with one block per lane: split L across blocks
