@@ -1,7 +1,8 @@
 """FuseAffineRecurrences: replace each affine recurrence with one ScanWeaver scan (the driver).
 
 Put it first in a ``relax.transform`` pipeline, right after import (``sw.pipeline`` does).
-``fuse`` runs the finders in one order: chunked and parallel regions (``chunked.py``), then
+``fuse`` runs the finders in one order: xLSTM's chunkwise mLSTM (``mlstm_chunked.py``), chunked
+and parallel regions (``chunked.py``), then
 unrolled chains (``chains.find_chains``, each read as a selective, matrix or plain affine scan;
 readout einsums split where that shows a matrix state: ``einsum_split.py``), max-stabilized
 scans (``stabilized.py``, then xLSTM's mLSTM: ``mlstm.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
@@ -23,6 +24,7 @@ from .interpret import cached_constants
 from .matrix import MatrixMatch, match_matrix
 from .matrix_lifted import LiftedMatch, find_lifted
 from .mlstm import find_mlstm_scans
+from .mlstm_chunked import ChunkedMLSTMMatch, find_chunked_mlstm
 from .rewrite import rewrite
 from .selective import SelectiveMatch, match_selective
 from .stabilized import find_stabilized_scans
@@ -85,10 +87,14 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
+        first = find_chunked_mlstm_scans(mod)      # (its chunk loop's max chain is no RWKV loop)
+        if any(not r.rejected for r in first):
+            mod, first = _fuse(mod, first)
         chunked = find_chunked_scans(mod)
         if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains
             mod, chunked = _fuse(mod, chunked)
             mod = unpad(mod, prune_dead_bindings)   # the padding the region needed goes too
+        chunked = first + chunked
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         recurrences = chunked + recurrences
@@ -125,6 +131,27 @@ def find_chunked_scans(mod):
                                         (var.name,), rejected=True,
                                         reason=f"a chunked region ending at {var.name} is not a matrix "
                                                f"scan: {match}"))
+    return found
+
+
+def find_chunked_mlstm_scans(mod):
+    """xLSTM's mLSTM in chunkwise form (``mlstm_chunked.py``) as recurrences of form
+    ``"mlstm"`` carrying their match; a region with its signature that is not one is a near
+    miss with the reason."""
+    found = []
+    for gvar, func in mod.functions_items():
+        for var, match in find_chunked_mlstm(func):
+            if isinstance(match, ChunkedMLSTMMatch):
+                spec = match.spec
+                names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
+                found.append(Recurrence(gvar.name_hint, "mlstm", spec.length, 2, False,
+                                        tuple(spec.state_shapes()["C"]), spec.dtype, names,
+                                        chunked_mlstm=match))
+            else:
+                found.append(Recurrence(gvar.name_hint, "mlstm", 0, 0, False, (), tensor_dtype(var),
+                                        (var.name,), rejected=True,
+                                        reason=f"a chunked region ending at {var.name} is not a "
+                                               f"chunkwise mLSTM: {match}"))
     return found
 
 
@@ -175,7 +202,8 @@ def _fuse(mod, recurrences):
             if rec.rejected or rec.validation_s is not None or id(rec) not in replaced:
                 continue
             try:
-                given = rec.chunked.inputs if rec.chunked is not None else ()   # local to its region
+                region = rec.chunked or rec.chunked_mlstm     # local to its region
+                given = region.inputs if region is not None else ()
                 ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)], given)
             except _MATCHER_ERRORS + (ArithmeticError,) as err:   # numpy refused a probe value
                 ok, why, seconds = False, f"the probe run could not evaluate it: {error_line(err)}", 0.0

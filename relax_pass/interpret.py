@@ -197,6 +197,14 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
         return np.matmul(args[0], args[1])
     if name == "einsum":
         return np.einsum(str(a.subscripts), *args[0], optimize=len(args[0]) > 2)
+    if name == "slice_scatter":                  # (an in-place write to a slice: x[..., a:b] = y)
+        out = np.array(args[0], copy=True)
+        index = [slice(None)] * out.ndim
+        index[int(a.axis) % out.ndim] = slice(*(int(_prim(call.args[n])) for n in (2, 3, 4)))
+        out[tuple(index)] = args[1]
+        return out
+    if name == "topk":                           # (torch.max(x, dim) exports as topk k=1)
+        return _topk(args[0], int(a.k), int(a.axis), bool(a.largest), str(a.ret_type), str(a.dtype))
     if name in ("sum", "mean", "max", "min", "prod", "variance"):
         return _reduce({"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
                         "prod": np.prod, "variance": np.var}[name], call, args[0])
@@ -242,6 +250,15 @@ def _apply_call(call, args):  # pylint: disable=too-many-return-statements,too-m
     raise Unsupported(f"relax.{name}")
 
 
+def _topk(x, k, axis, largest, ret_type, dtype):
+    """``relax.topk``: the ``k`` largest (smallest) along ``axis``, in order, and their indices."""
+    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    index = np.take(order, np.arange(k), axis=axis)
+    values = np.take_along_axis(x, index, axis=axis)
+    index = index.astype(dtype)
+    return {"both": (values, index), "values": values, "indices": index}[ret_type]
+
+
 def _scatter_nd(data, indices, updates, reduction):
     """``data`` with ``updates`` written (or combined by ``reduction``) at ``indices``, the
     tuples along its last axis, in order (a later duplicate wins under "update")."""
@@ -263,7 +280,7 @@ def _scatter_nd(data, indices, updates, reduction):
 
 OTHER_OPS = ("astype clip where nn.softplus take strided_slice concat stack split expand_dims squeeze reshape "
              "permute_dims broadcast_to flip matmul einsum sum mean variance max min prod cumsum cumprod zeros "
-             "ones zeros_like ones_like full full_like nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
+             "ones zeros_like ones_like full full_like topk slice_scatter nn.softmax nn.log_softmax nn.gelu nn.gelu_tanh "
              "nn.layer_norm nn.rms_norm arange scatter_nd tile nn.pad").split()
 SUPPORTED_OPS = frozenset(f"relax.{n}" for n in (*UNARY, *BINARY, *OTHER_OPS))
 

@@ -20,6 +20,7 @@ from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readout
                             scan_to_stack, state_from_scan)
 from .matrix_lifted import emit_lifted
 from .mlstm import emit_mlstm
+from .mlstm_chunked import emit_chunked_mlstm
 from .stabilized import emit_stabilized
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 
@@ -68,6 +69,11 @@ class StabilizedPlan(_EmittedPlan):
 class MLSTMPlan(_EmittedPlan):
     """An mLSTM scan (``mlstm.py``), at the stacked output it replaces."""
     attr, at, emitter = "mlstm", "emit_at", staticmethod(emit_mlstm)
+
+
+class ChunkedMLSTMPlan(_EmittedPlan):
+    """A chunkwise mLSTM region (``mlstm_chunked.py``), at the first of its outputs."""
+    attr, at, emitter = "chunked_mlstm", "emit_at", staticmethod(emit_chunked_mlstm)
 
 
 class ChunkedPlan(_EmittedPlan):
@@ -277,8 +283,8 @@ class AffinePlan(_Plan):
             rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
 
 
-PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan, CumulativePlan,
-              AffinePlan)
+PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,
+              CumulativePlan, AffinePlan)
 
 
 def _vectorize(lifter, expr, rho):

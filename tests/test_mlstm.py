@@ -339,14 +339,14 @@ def xlstm():
     return xLSTMForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("length,fused", [(7, 7), (20, 4)])
+@pytest.mark.parametrize("length,fused", [(7, 7), (1, None)])
 def test_hf_xlstm_model_layers_fused_and_equal(xlstm, length, fused):
-    """Below the chunk size every layer's sequence kernel is one scan; above it, the steps after
-    the last whole chunk are (the chunkwise kernel is not read yet)."""
+    """Below the chunk size every layer's sequence kernel is one scan (one token: HF's step
+    kernel, nothing to scan); whole chunks: ``tests/test_mlstm_chunked.py``."""
     ids = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(length))
     mod = sw.from_torch(xlstm, (ids,))
     found = sw.find_recurrences(mod)
-    assert [(r.form, r.length) for r in found] == [("mlstm", fused)] * 2, found
+    assert [(r.form, r.length) for r in found] == ([("mlstm", fused)] * 2 if fused else []), found
     with torch.no_grad():
         want = xlstm(ids, use_cache=False).logits.numpy()
     assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)
