@@ -39,7 +39,7 @@ from .models_report import THREADS, TOL, _targets, report
 
 LENGTHS = (64, 256, 1024)
 QUICK_LENGTHS = (16, 64)
-MODELS = ("mamba", "ema", "hf_mamba", "mamba2", "rwkv")
+MODELS = ("mamba", "ema", "hf_mamba", "mamba2", "rwkv", "xlstm")
 DEFAULT_MODELS = ("mamba", "ema", "hf_mamba")
 MODEL_LENGTHS = {"rwkv": (64, 256)}        # its unrolled import grows fast with L
 PATHS = (("with", "TVM + pass"), ("without", "TVM, no pass"))
@@ -99,6 +99,8 @@ def make_model(name, length):
         return hf_mamba2(length)
     if name == "rwkv":
         return hf_rwkv(length)
+    if name == "xlstm":
+        return hf_xlstm(length)
     raise ValueError(name)
 
 
@@ -145,6 +147,19 @@ def hf_rwkv(length, layers=2, batch=1):
     cfg = RwkvConfig(hidden_size=768, num_hidden_layers=layers, vocab_size=50280,
                      context_length=max(1024, length))
     return _logits(RwkvForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+
+
+def hf_xlstm(length, layers=2, batch=1):
+    """transformers' ``xLSTMForCausalLM`` at hidden 768 (4 mLSTM heads of qk 96 / v 192, chunk
+    64, vocabulary 50304), random weights: its inference path runs the chunkwise kernel on the
+    whole chunks and the recurrent one on the rest."""
+    import torch
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    torch.manual_seed(0)
+    cfg = xLSTMConfig(hidden_size=768, num_heads=4, num_hidden_layers=layers, chunk_size=64,
+                      vocab_size=50304)
+    return _logits(xLSTMForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def hf_mamba(length, layers=2, batch=1):
