@@ -19,6 +19,8 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight as dl
 
+from .elementwise_cpu import ElementwiseCPU
+
 MR = 8
 LANES = 16      # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 NR = 2 * LANES  # columns of C per register tile
@@ -189,8 +191,9 @@ def _has_root(sch):
 
 
 def schedule_passes():
-    """After FuseTIR: schedule the dense PrimFuncs, then pack their constant weights once."""
-    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU()),
+    """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
+    ``elementwise_cpu``), then pack their constant weights once."""
+    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU()),
             _split_layout_rewrite_preproc, relax.transform.FoldConstant()]
 
 

@@ -114,6 +114,16 @@ def _stabilized_gpu(spec):
             "chunks": [c for c in _pow2(1, 16) if c <= max(1, spec.length // 8)]}
 
 
+def _mlstm_cpu(spec):
+    # columns a task: 1 .. 32 lanes (up to V's)
+    return {"lanes": _pow2(1, min(32, _ceil_pow2(spec.value)))}
+
+
+def _mlstm_gpu(spec):
+    # threads (columns) a block: half a warp .. 256, past V only to round it up to a warp
+    return {"threads": [t for t in (16, 32, 64, 128, 256) if t < spec.value + 32]}
+
+
 def _matrix_cpu_rule(spec, k):
     """None, or what the kernel would clamp: lanes past (or not dividing) the V tile, readout
     sums past the rows, a rescaled piece past the tile; the locality of no prefetch."""
@@ -150,7 +160,8 @@ def _matrix_gpu_rule(spec, k):
 _KNOBS = {"cpu": _cpu, "selective_cpu": _selective_cpu, "blelloch": _blelloch,
           "warp": _warp, "chunked": _chunked, "selective_gpu": _selective_gpu,
           "matrix_cpu": _matrix_cpu, "matrix_gpu": _matrix_gpu,
-          "stabilized_cpu": _stabilized_cpu, "stabilized_gpu": _stabilized_gpu}
+          "stabilized_cpu": _stabilized_cpu, "stabilized_gpu": _stabilized_gpu,
+          "mlstm_cpu": _mlstm_cpu, "mlstm_gpu": _mlstm_gpu}
 _RULES = {"matrix_cpu": _matrix_cpu_rule, "matrix_gpu": _matrix_gpu_rule,
           "stabilized_cpu": _stabilized_cpu_rule}
 

@@ -16,17 +16,18 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import LOG_FLOOR, log_apply, log_step
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
+from scanweaver_core.spec import (AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+                                  StabilizedScanSpec)
 
 BLOCK = "scan"
 SPEC_ATTR = "scanweaver.spec"
 F32 = "float32"
 _KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec, "matrix": MatrixScanSpec,
-          "stabilized": StabilizedScanSpec}
+          "stabilized": StabilizedScanSpec, "mlstm": MLSTMScanSpec}
 
 
 def form_of(spec):
-    """``"affine"``, ``"selective"``, ``"matrix"`` or ``"stabilized"``: the ``FORM`` of the
+    """``"affine"``, ``"selective"``, ``"matrix"``, ``"stabilized"`` or ``"mlstm"``: the ``FORM`` of the
     spec's realizations."""
     for form, kind in _KINDS.items():
         if isinstance(spec, kind):
@@ -70,7 +71,7 @@ def scan_workload(spec):
     """The workload PrimFunc ``main`` of ``spec`` (concrete extents only: tuning measures it)."""
     require_static(spec)
     return {"affine": _affine, "selective": _selective, "matrix": _matrix,
-            "stabilized": _stabilized}[form_of(spec)](spec)
+            "stabilized": _stabilized, "mlstm": _mlstm}[form_of(spec)](spec)
 
 
 def workload_module(spec):
@@ -294,6 +295,62 @@ def _stabilized(spec):
                             for i, name in enumerate(("num", "den", "max")):
                                 if name in spec.state_names():
                                     T.buffer_store(bufs[f"last_{name}"], h[i], [b, c])
+    return ib.get()
+
+
+def _mlstm(spec):
+    """One block per (batch, head, column c of V): the column ``C[:, c]``, the normalizer ``n``
+    and the max ``m`` in local buffers, the step as ``MLSTMScanSpec`` writes it; the first
+    column of a head writes the final ``n`` and ``m``."""
+    dtypes, n_k = spec.buffer_dtypes(), spec.key
+    lanes = spec.batch * spec.heads * spec.value
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True, SPEC_ATTR: spec_to_json(spec)})
+            bufs = {n: T.arg(n, T.buffer(shape, dtypes[n])) for n, shape in spec.buffer_shapes().items()}
+            with T.sblock("root"):
+                with T.serial(0, lanes) as lane:
+                    with T.sblock(BLOCK):
+                        vl = T.axis.spatial(lanes, lane)
+                        b, h, c = vl // (spec.heads * spec.value), vl // spec.value % spec.heads, vl % spec.value
+                        col = T.sblock_alloc_buffer((n_k,), F32, scope="local")
+                        nrm = T.sblock_alloc_buffer((n_k,), F32, scope="local")
+                        m = T.sblock_alloc_buffer((4,), F32, scope="local")   # m, num, den, new m
+                        with T.serial(0, n_k) as i:
+                            T.buffer_store(col, bufs["C0"][b, h, i, c] if spec.has_h0 else tirx.const(0.0, F32), [i])
+                            given = spec.has_h0 and spec.normalized
+                            T.buffer_store(nrm, bufs["n0"][b, h, i] if given else tirx.const(0.0, F32), [i])
+                        T.buffer_store(m, bufs["m0"][b, h] if spec.has_h0 else tirx.const(0.0, F32), [0])
+                        with T.serial(0, spec.length) as s:
+                            t = spec.length - 1 - s if spec.reverse else s
+                            f = _f32(bufs["f"][b, h, t], spec.dtype)
+                            ig = _f32(bufs["i"][b, h, t], spec.dtype)
+                            T.buffer_store(m, tirx.max(f + m[0], ig), [3])
+                            T.buffer_store(m, tirx.const(0.0, F32), [1])
+                            T.buffer_store(m, tirx.const(0.0, F32), [2])
+                            with T.serial(0, n_k) as i:
+                                a, g = T.exp(f + m[0] - m[3]), T.exp(ig - m[3])
+                                k = _f32(bufs["k"][b, h, t, i], spec.dtype)
+                                q = _f32(bufs["q"][b, h, t, i], spec.dtype)
+                                T.buffer_store(col, a * col[i] + g * k * _f32(bufs["v"][b, h, t, c], spec.dtype), [i])
+                                T.buffer_store(nrm, a * nrm[i] + g * k, [i])
+                                T.buffer_store(m, m[1] + q * col[i], [1])
+                                T.buffer_store(m, m[2] + q * nrm[i], [2])
+                            T.buffer_store(m, m[3], [0])
+                            out = m[1] / (tirx.max(T.abs(m[2]), T.exp(-m[0])) + tirx.const(spec.eps, F32)) \
+                                if spec.normalized else m[1]
+                            T.buffer_store(bufs["h"], out if spec.dtype == F32 else tirx.Cast(spec.dtype, out),
+                                           [b, h, t, c])
+                        if spec.return_last_state:
+                            with T.serial(0, n_k) as i:
+                                T.buffer_store(bufs["last_C"], col[i], [b, h, i, c])
+                            with T.If(c == 0):
+                                with T.Then():
+                                    if spec.normalized:
+                                        with T.serial(0, n_k) as i:
+                                            T.buffer_store(bufs["last_n"], nrm[i], [b, h, i])
+                                    T.buffer_store(bufs["last_m"], m[0], [b, h])
     return ib.get()
 
 
