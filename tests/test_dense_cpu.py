@@ -67,8 +67,9 @@ def test_constant_weight_is_packed_once_at_compile_time():
             callees.append(e.args[0].name_hint)
 
     relax.analysis.post_order_visit(mod["main"], visit)
-    # the weight reaches the matmul as (N / NR, K, NR) panels, N = 80 padded to 96
-    assert (96 // dense_cpu.NR, 64, dense_cpu.NR) in consts, consts
+    # the weight reaches the matmul as (N / NR, K, NR) panels, N = 80 padded to a multiple of NR
+    nr = dense_cpu.register_tile(host_target()).cols
+    assert (-(-80 // nr) * nr // nr, 64, nr) in consts, consts
     assert not [c for c in callees if "prepack" in c and "prepacked" not in c], callees   # folded
 
 
@@ -168,3 +169,26 @@ def test_single_buffer_functions_are_marked_noalias():
 
     marked = dense_cpu._mark_single_pointer_funcs_noalias(tvm.IRModule({"copy": copy}))
     assert "tirx.noalias" not in (marked["copy"].attrs or {})
+
+
+def test_register_tile_fits_the_target_registers():
+    """AVX-512's 32 zmm registers take the 8 x 32 tile; AVX2's 16 ymm take 4 x 16 (8 x 32 would
+    be 32 accumulators, spilled on every k)."""
+    wide = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    narrow = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+    assert dense_cpu.register_tile(wide) == dense_cpu.RegisterTile(8, 32)
+    assert dense_cpu.register_tile(narrow) == dense_cpu.RegisterTile(4, 16)
+    mod = sw.from_torch(Dense(48, 70).eval(), [torch.randn(2, 9, 48)])
+    for target in (wide, narrow):          # both build (only the host's can run here)
+        assert sw.compile(mod, target=target) is not None
+
+
+@pytest.mark.parametrize("mcpu", ["haswell", "znver3"])
+def test_avx2_tiles_match_pytorch(mcpu):
+    """A ragged Linear + GELU (rows and columns padded to the 4 x 16 tile) compiled for an
+    AVX2 CPU (every x86-64 host this runs on has AVX2) equals PyTorch."""
+    model = Dense(48, 70, act=torch.nn.functional.gelu).eval()
+    x = torch.randn(2, 9, 48)
+    mod = sw.from_torch(model, [x])
+    got = run_model(mod, [x], target={"kind": "llvm", "mcpu": mcpu})
+    assert_outputs_match(got, torch_outputs(model, [x]), rtol=1e-5)

@@ -8,22 +8,45 @@ correct for all, fast when ``j`` is contiguous in ``B`` and ``C``, as a folded w
 gives it the classic register-blocked form:
 
 - an ``MR x NR`` tile of ``C`` accumulated in a local buffer over all of ``k``
-  (``NR`` = two vector registers of ``j``, ``MR`` rows unrolled),
+  (``NR`` = two vector registers of ``j``, ``MR`` rows unrolled; ``register_tile`` picks them
+  for the target's registers),
 - tiles over ``(batch, i, j)`` in parallel (with symbolic rows, ``L`` or ``batch * L``: rows
   padded to ``MR`` into a copy made in parallel, column panels in parallel, row tiles in turn),
 - producers inlined, the epilogue (bias, activation, residual) computed per tile while hot.
 
 Anything it does not recognize returns ``None`` and is left to the next rule.
 """
+from dataclasses import dataclass
+
 import tvm
 from tvm import relax, s_tir, tirx
+from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
 from .elementwise_cpu import ElementwiseCPU
 
 MR = 8
-LANES = 16      # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
+LANES = 16      # float32 lanes of a 512-bit vector
 NR = 2 * LANES  # columns of C per register tile
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    """An ``rows x cols`` tile of C held in vector registers over all of ``k``."""
+    rows: int
+    cols: int
+
+
+def register_tile(target):
+    """8 x 32 with AVX-512 (16 of its 32 zmm registers accumulate), 4 x 16 otherwise: with
+    AVX2's 16 ymm registers 8 x 32 is 32 accumulators, spilled on every k (40 GFLOP/s on a
+    (256, 768) x (768, 50304) lm head on 2 znver3 cores); 4 x 16 ran it at ~105 (6 x 16: 67,
+    8 x 8: 105, 2 x 32: 109, 4 x 24: 12, measured once each, 4 x 16 best on a 3072-wide one)."""
+    try:
+        wide = codegen.target_has_features("avx512f", target)
+    except (RuntimeError, ValueError):       # (a target LLVM does not know the CPU of)
+        wide = False
+    return RegisterTile(MR, NR) if wide else RegisterTile(4, 16)
 PREPROC = "meta_schedule.layout_rewrite_preproc"   # TVM's mark of a weight-repacking block
 
 
@@ -53,11 +76,12 @@ class DenseCPU(dl.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            return self._schedule(func)
+            return self._schedule(func, register_tile(target))
         except RuntimeError:      # a primitive refused this function: leave it unscheduled
             return None
 
-    def _schedule(self, func):  # pylint: disable=too-many-locals
+    def _schedule(self, func, tile):  # pylint: disable=too-many-locals
+        mr, nr = tile.rows, tile.cols
         sch = s_tir.Schedule(func)
         if not _has_root(sch):
             return None
@@ -77,9 +101,9 @@ class DenseCPU(dl.ScheduleRule):
             return None                            # (rows and batch may be symbolic: B*L)
         static = [int(e) if isinstance(e, tvm.tirx.IntImm) else None for e in extents]
         rows, cols = (static[-3] if len(extents) > 2 else 1), static[-2]
-        tile_rows = MR if rows is None or rows > MR else rows   # (few rows: one tile of them)
-        if rows is None or rows % tile_rows or cols % NR:   # ragged: pad, so no tile needs a predicate
-            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [NR, 1])
+        tile_rows = mr if rows is None or rows > mr else rows   # (few rows: one tile of them)
+        if rows is None or rows % tile_rows or cols % nr:   # ragged: pad, so no tile needs a predicate
+            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [nr, 1])
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
                 if _reads_weights_only(sch, b, func):
                     continue                       # (the weight's is repacked: _pack_weight)
@@ -93,7 +117,7 @@ class DenseCPU(dl.ScheduleRule):
         *outer, k = sch.get_loops(mm)
         j = outer.pop()
         i = outer.pop() if outer else None
-        jo, ji = sch.split(j, [None, NR])
+        jo, ji = sch.split(j, [None, nr])
         if i is not None:
             io, ii = sch.split(i, [None, tile_rows])
             sch.reorder(*outer, jo, io, k, ii, ji)     # the tiles of one B panel in a row
@@ -101,7 +125,7 @@ class DenseCPU(dl.ScheduleRule):
         else:
             sch.reorder(*outer, jo, k, ji)
             tiles, ii = [*outer, jo], None
-        _pack_weight(sch, mm, func)
+        _pack_weight(sch, mm, func, nr)
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
         for b in _after(sch, acc):                 # bias, activation: on the tile, while hot
@@ -153,17 +177,17 @@ def _reads_weights_only(sch, block, func):
     return all(_is_weight(func, r.source) for r in sch.get(block).reads)
 
 
-def _pack_weight(sch, mm, func):
+def _pack_weight(sch, mm, func, nr):
     """Read a weight ``B[..., k, j]`` (a layout-free buffer: a constant or parameter, as
-    ``AttachAttrLayoutFreeBuffers`` marks them) in panels ``[..., j // NR, k, j % NR]``, so a
-    tile streams its ``k x NR`` panel contiguously instead of touching one page per ``k``.  The
+    ``AttachAttrLayoutFreeBuffers`` marks them) in panels ``[..., j // nr, k, j % nr]``, so a
+    tile streams its ``k x nr`` panel contiguously instead of touching one page per ``k``.  The
     repacking block is marked as a layout-rewrite preprocess: ``SplitLayoutRewritePreproc``
     moves it out and ``FoldConstant`` runs it once, at compile time, on constant weights."""
     block = sch.get(mm)
     j_var, k_var = block.iter_vars[-2].var, block.iter_vars[-1].var
 
     def panels(*i):
-        return (*i[:-2], i[-1] // NR, i[-2], i[-1] % NR)
+        return (*i[:-2], i[-1] // nr, i[-2], i[-1] % nr)
 
     for index, read in enumerate(block.reads):
         mins = [r.min for r in read.region]
