@@ -17,14 +17,14 @@ from scanweaver_core.exprs import error_line
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import Recurrence, find_chains
-from .chunked import ChunkedMatch, find_chunked
+from .chunked import find_chunked
 from .cumulative import cumulative_recurrences
 from .einsum_split import readout_splits, split_einsums
 from .interpret import cached_constants
 from .matrix import MatrixMatch, match_matrix
 from .matrix_lifted import LiftedMatch, find_lifted
 from .mlstm import find_mlstm_scans
-from .mlstm_chunked import ChunkedMLSTMMatch, find_chunked_mlstm
+from .mlstm_chunked import find_chunked_mlstm
 from .rewrite import rewrite
 from .selective import SelectiveMatch, match_selective
 from .stabilized import find_stabilized_scans
@@ -113,46 +113,42 @@ def fuse(mod, cumulative=False):
         return new, recurrences + lifted
 
 
+def _region_recurrences(mod, finder, form, kind, accept):
+    """``finder(func)``'s ``[(var, match | reason)]`` of every function as recurrences of
+    ``form``: ``accept(match)`` gives an accepted one's ``(length, axis, reverse, state
+    shape, fields)``; a reason is a near miss ("... is not <kind>: reason")."""
+    found = []
+    for gvar, func in mod.functions_items():
+        for var, match in finder(func):
+            if isinstance(match, str):
+                found.append(Recurrence(gvar.name_hint, form, 0, 0, False, (), tensor_dtype(var),
+                                        (var.name,), rejected=True,
+                                        reason=f"a chunked region ending at {var.name} is not {kind}: {match}"))
+                continue
+            length, axis, reverse, state_shape, fields = accept(match)
+            names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
+            found.append(Recurrence(gvar.name_hint, form, length, axis, reverse, state_shape,
+                                    match.spec.dtype, names, **fields))
+    return found
+
+
 def find_chunked_scans(mod):
     """Matrix-state scans in chunked form (``chunked.py``: Mamba-2's SSD, chunk-wise linear
     attention), as recurrences of form ``"matrix"`` carrying their match; a region that looks
     chunked but is not one is a near miss with the reason."""
-    found = []
-    for gvar, func in mod.functions_items():
-        for var, match in find_chunked(func):
-            if isinstance(match, ChunkedMatch):
-                spec = match.spec
-                names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
-                found.append(Recurrence(gvar.name_hint, "matrix", spec.length,
-                                        match.out_labels.index("L"), spec.reverse, spec.state_shape,
-                                        spec.dtype, names, chunked=match))
-            else:
-                found.append(Recurrence(gvar.name_hint, "matrix", 0, 0, False, (), tensor_dtype(var),
-                                        (var.name,), rejected=True,
-                                        reason=f"a chunked region ending at {var.name} is not a matrix "
-                                               f"scan: {match}"))
-    return found
+    def accept(m):
+        return (m.spec.length, m.out_labels.index("L"), m.spec.reverse, m.spec.state_shape,
+                {"chunked": m})
+    return _region_recurrences(mod, find_chunked, "matrix", "a matrix scan", accept)
 
 
 def find_chunked_mlstm_scans(mod):
     """xLSTM's mLSTM in chunkwise form (``mlstm_chunked.py``) as recurrences of form
     ``"mlstm"`` carrying their match; a region with its signature that is not one is a near
     miss with the reason."""
-    found = []
-    for gvar, func in mod.functions_items():
-        for var, match in find_chunked_mlstm(func):
-            if isinstance(match, ChunkedMLSTMMatch):
-                spec = match.spec
-                names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
-                found.append(Recurrence(gvar.name_hint, "mlstm", spec.length, 2, False,
-                                        tuple(spec.state_shapes()["C"]), spec.dtype, names,
-                                        chunked_mlstm=match))
-            else:
-                found.append(Recurrence(gvar.name_hint, "mlstm", 0, 0, False, (), tensor_dtype(var),
-                                        (var.name,), rejected=True,
-                                        reason=f"a chunked region ending at {var.name} is not a "
-                                               f"chunkwise mLSTM: {match}"))
-    return found
+    def accept(m):
+        return m.spec.length, 2, False, tuple(m.spec.state_shapes()["C"]), {"chunked_mlstm": m}
+    return _region_recurrences(mod, find_chunked_mlstm, "mlstm", "a chunkwise mLSTM", accept)
 
 
 def _fuse_split_readouts(mod, found, cumulative):

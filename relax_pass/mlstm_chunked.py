@@ -35,7 +35,7 @@ from scanweaver_core.scan_op import emit_mlstm_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from .chunked import _dead, _Facts, _Probe, _region, entries_and_exits
-from .interpret import EVAL_ERRORS, slice_span
+from .interpret import EVAL_ERRORS
 
 __all__ = ["ChunkedMLSTMMatch", "NotChunkedMLSTM", "find_chunked_mlstm", "emit_chunked_mlstm"]
 
