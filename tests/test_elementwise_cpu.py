@@ -1,0 +1,90 @@
+"""``tir_schedules.elementwise_cpu.ElementwiseCPU``: injective PrimFuncs as one parallel,
+vectorized loop (and the AVX2 build failure of an unscheduled two-stage function)."""
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, tirx
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+from tvm.s_tir import dlight as dl
+
+import scanweaver_tvm as sw
+from harness import assert_outputs_match, run_model, torch_outputs
+from tir_schedules.elementwise_cpu import LANES, PARALLEL_MIN, ElementwiseCPU
+
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+
+
+class Silu(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.silu(x)
+
+
+def legalized(model, x, rule=True):
+    """``model`` imported, legalized and fused as TVM's CPU pipeline does; with ``rule``, the
+    elementwise rule applied."""
+    mod = sw.from_torch(model, [x])
+    with AVX2:
+        passes = cpu.legalize_passes(AVX2) + ([dl.ApplyDefaultSchedule(ElementwiseCPU())] if rule else [])
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def prim_funcs(mod):
+    """The module's PrimFuncs, each callable alone as ``main``."""
+    return {gv.name_hint: f.with_attr("global_symbol", "main") for gv, f in mod.functions_items()
+            if isinstance(f, tirx.PrimFunc)}
+
+
+def test_two_stage_silu_builds_for_avx2_once_scheduled():
+    """The unscheduled (4, 3, 3) silu (sigmoid, then multiply) fails LLVM's verifier on AVX2
+    targets in TVM 0.27; inlined into one loop it builds and computes silu."""
+    x = torch.randn(4, 3, 3)
+    (before,) = prim_funcs(legalized(Silu(), x, rule=False)).values()
+    with pytest.raises(Exception, match="verification failed"):
+        tvm.compile(tvm.IRModule({"main": before}), target=AVX2)
+    (after,) = prim_funcs(legalized(Silu(), x)).values()
+    text = after.script()
+    assert text.count("T.sblock(") - text.count('T.sblock("root")') == 1      # one stage
+    lib = tvm.compile(tvm.IRModule({"main": after}), target=AVX2)
+    out = tvm.runtime.tensor(np.full((4, 3, 3), np.nan, "float32"))
+    lib["main"](tvm.runtime.tensor(x.numpy()), out)
+    np.testing.assert_allclose(out.numpy(), Silu()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,parallel,vectorized", [
+    ((4, 3, 3), False, False),            # 36 elements: not a multiple of the lanes, too few for threads
+    ((8, 64), False, True),               # 512: vectorized, still on one thread
+    ((64, 4096), True, True),             # above PARALLEL_MIN and a multiple of LANES
+    ((129, 131), True, False),            # above PARALLEL_MIN, ragged: parallel, not vectorized
+])
+def test_loops_are_fused_split_and_annotated(shape, parallel, vectorized):
+    x = torch.randn(*shape)
+    (func,) = prim_funcs(legalized(Silu(), x)).values()
+    text = func.script()
+    size = int(np.prod(shape))
+    assert ("T.parallel(" in text) == parallel == (size >= PARALLEL_MIN)
+    assert ("T.vectorized(" in text) == vectorized == (size % LANES == 0)
+    assert_outputs_match(run_model(sw.from_torch(Silu(), [x]), [x]), torch_outputs(Silu(), [x]), rtol=1e-6)
+
+
+def test_reductions_are_left_to_other_rules():
+    class Softmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+    x = torch.randn(64, 512)
+    funcs = prim_funcs(legalized(Softmax(), x))
+    assert funcs and not any("T.parallel(" in f.script() for f in funcs.values())
+
+
+def test_symbolic_length_compiles_once_and_runs_at_every_length():
+    class Gate(torch.nn.Module):
+        def forward(self, x, z):
+            return x * torch.sigmoid(z) + 1.0
+    x, z = torch.randn(2, 37, 48), torch.randn(2, 37, 48)
+    mod = sw.from_torch(Gate(), [x, z], dynamic_shapes={"x": {1: "L"}, "z": {1: "L"}})
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    for length in (1, 5, 300):
+        a, b = torch.randn(2, length, 48), torch.randn(2, length, 48)
+        got = vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(b.numpy()))
+        got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+        np.testing.assert_allclose(got, Gate()(a, b).numpy(), rtol=1e-6, atol=1e-6)
