@@ -23,6 +23,7 @@ from tvm import relax, s_tir, tirx
 from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
+from .cpu_rule import GuardedCPURule
 from .elementwise_cpu import ElementwiseCPU
 
 MR = 8
@@ -66,19 +67,11 @@ def _is_multiply_add(block):
     return isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer) and len(block.reads) == 2
 
 
-class DenseCPU(dl.ScheduleRule):
+class DenseCPU(GuardedCPURule):
     """Register-blocked, vectorized, parallel schedule of a matmul PrimFunc on LLVM targets."""
 
-    def is_target_available(self, target):
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return self._schedule(func, register_tile(target))
-        except RuntimeError:      # a primitive refused this function: leave it unscheduled
-            return None
+    def schedule(self, func, target):
+        return self._schedule(func, register_tile(target))
 
     def _schedule(self, func, tile):  # pylint: disable=too-many-locals
         mr, nr = tile.rows, tile.cols

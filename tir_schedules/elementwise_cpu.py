@@ -16,27 +16,20 @@ is enough work) and an inner one of ``LANES`` elements (vectorized when it divid
 Anything else (a reduction, an opaque block, several stages that do not inline) returns None.
 """
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base.common_schedules import try_inline
+
+from .cpu_rule import GuardedCPURule
 
 LANES = 16                 # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 PARALLEL_MIN = 1 << 14     # elements below which the thread pool costs more than it saves
 
 
-class ElementwiseCPU(dl.ScheduleRule):
+class ElementwiseCPU(GuardedCPURule):
     """Fused, parallel, vectorized schedule of an injective PrimFunc on LLVM targets."""
 
-    def is_target_available(self, target):
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return _schedule(func)
-        except RuntimeError:      # a primitive refused this function: leave it as it was
-            return None
+    def schedule(self, func, target):
+        return _schedule(func)
 
 
 def _schedule(func):
