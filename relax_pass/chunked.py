@@ -286,6 +286,8 @@ def match_region(facts, ex, entries, tainted):
             if r not in region and r not in sources and not _pad_of(facts, r, sources) \
                     and not facts.constant(r) and r not in side:
                 side.append(r)
+    if len(seq) < 2:
+        raise NotChunked("one blocked tensor")  # (a reshape into blocks and back: quiet)
     if len(seq) not in (3, 4) or len(side) > 1:
         raise NotChunked(f"it reads {len(seq)} blocked tensors and {len(side)} other ones "
                          "(a chunked matrix scan reads q, k, v and a log-decay, maybe an initial state)")
@@ -545,7 +547,7 @@ def find_chunked(func):
         tainted = by_key[ex.key]
         if var in covered or var not in tainted:
             continue
-        _attempt(facts, ex, mine, tainted, found, covered, ("no cumsum",) + QUIET)
+        _attempt(facts, ex, mine, tainted, found, covered, ("no cumsum over a block in it",) + QUIET)
     views = VarMap((e.var, True) for e in entries)
     in_blocks = None
     for var, axis, length, operands in reversed(parallel_regions(facts, views)):
@@ -561,7 +563,7 @@ def find_chunked(func):
     return sorted(found, key=lambda p: facts.order[p[0]])
 
 
-QUIET = ("blocked tensors", "one step")     # refusals not reported: no scan was in sight
+QUIET = ("not blocked tensors", "one blocked tensor", "one step")     # refusals not reported (whole reasons): no scan was in sight
 
 
 def _attempt(facts, ex, entries, tainted, found, covered, quiet, report=True):
@@ -570,7 +572,7 @@ def _attempt(facts, ex, entries, tainted, found, covered, quiet, report=True):
     try:
         match = match_region(facts, ex, entries, tainted)
     except NotChunked as why:
-        if report and not any(q in str(why) for q in quiet):
+        if report and str(why) not in quiet:
             found.append((ex.var, str(why)))
         return
     for v in match.region:

@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 
 from scanweaver_core.exprs import error_line
+from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import Recurrence, find_chains
@@ -101,16 +102,51 @@ def fuse(mod, cumulative=False):
         for finder in (find_stabilized_scans, find_mlstm_scans):   # RWKV's WKV, xLSTM's mLSTM
             stabilized = finder(new)
             if any(not r.rejected for r in stabilized):
+                before = new
                 new, stabilized = _fuse(new, stabilized)
                 covered = {n for r in stabilized if not r.rejected for n in r.bindings}
                 recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
-                               if not (r.rejected and r.bindings and set(r.bindings) <= covered)]
+                               if not (r.rejected and r.bindings and (set(r.bindings) <= covered or
+                                       _assembled_from(before, r, covered)))]
             recurrences = recurrences + stabilized
         lifted = find_lifted_scans(new)
         if not lifted:
             return new, recurrences
         new, lifted = _fuse(new, lifted)
         return new, recurrences + lifted
+
+
+_ASSEMBLY_OPS = {"relax.concat", "relax.reshape", "relax.permute_dims", "relax.squeeze",
+                 "relax.expand_dims", "relax.strided_slice"}
+
+
+def _assembled_from(mod, rec, covered):
+    """Whether the near miss ``rec`` of a chunked region ends in a tensor only put together
+    (concats, reshapes, transposes) from bindings in ``covered`` and scans fused before: a
+    block loop whose blocks are all scans (xLSTM's whole chunks, then its last steps) was no
+    missed scan."""
+    if not (rec.chunked is None and rec.chunked_mlstm is None and len(rec.bindings) == 1
+            and rec.function in [g.name_hint for g in mod.get_global_vars()]):
+        return False
+    values = {b.var.name: b.value for blk in mod[rec.function].body.blocks for b in blk.bindings}
+    todo, seen = [rec.bindings[0]], set()
+    while todo:
+        name = todo.pop()
+        if name in covered or name in seen:
+            continue
+        seen.add(name)
+        value = values.get(name)
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+            todo.append(value.tuple_value.name)
+            continue
+        if isinstance(value, relax.Call) and parse_scan(value) is not None:   # a scan fused earlier
+            continue
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", None) in _ASSEMBLY_OPS):
+            return False
+        for arg in value.args:
+            fields = arg.fields if isinstance(arg, relax.Tuple) else [arg]
+            todo += [f.name for f in fields if isinstance(f, relax.Var)]
+    return bool(seen)
 
 
 def _region_recurrences(mod, finder, form, kind, accept):

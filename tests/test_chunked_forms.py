@@ -190,6 +190,36 @@ def test_a_blocked_region_that_is_not_a_scan_is_a_near_miss_with_its_reason():
     assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-5)
 
 
+class GatedInside(MinimalSSD):
+    """The SSD's diagonal blocks with a fifth blocked tensor (a gate per step and head) inside
+    the region: a chunked form the matcher does not take, so its near miss must be reported
+    (a reason that mentions "blocked tensors" was once taken for a quiet one)."""
+
+    def forward(self, X, A, B, C, Z):
+        b, length, h, p = X.shape
+        c = length // self.block
+        X, A, B, C, Z = (t.reshape(b, c, self.block, *t.shape[2:]) for t in (X, A, B, C, Z))
+        L = torch.exp(_segsum(A.permute(0, 3, 1, 2)))
+        Y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X * torch.sigmoid(Z)[..., None])
+        return Y.reshape(b, length, h, p)
+
+
+def test_a_region_reading_five_blocked_tensors_is_reported():
+    b, length, h, p, n = 1, 12, 2, 3, 4
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(b, length, h, p, generator=g), -torch.rand(b, length, h, generator=g),
+            torch.randn(b, length, h, n, generator=g), torch.randn(b, length, h, n, generator=g),
+            torch.randn(b, length, h, generator=g))
+    model = GatedInside(block=CHUNK)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert len(found) == 1 and found[0].rejected, found
+    assert "reads 5 blocked tensors" in found[0].reason, found[0].reason
+    with torch.no_grad():
+        want = model(*args).numpy()
+    assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-5)
+
+
 def test_mamba2_imported_length_generic_runs_past_its_chunk():
     """With the region a scan and its padding gone (``relax_pass/unpad.py``), nothing in the
     module depends on the chunk count: one import serves every L, shorter and longer than a
