@@ -15,7 +15,7 @@ from tvm import relax
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, call_args, op_name, tensor_shape
 from scanweaver_core.scan_op import parse_scan
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
+from scanweaver_core.spec import AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -320,6 +320,12 @@ def _scan(spec, ops):
         got = reference.mlstm_scan(*(named[n] for n in "qkvif"), h0, spec.normalized, spec.eps,
                                    spec.reverse, spec.return_last_state)
         got = [got[0], *got[1]] if spec.return_last_state else [got]
+    elif isinstance(spec, DeltaScanSpec):
+        named = dict(zip(spec.operand_names(), ops))
+        got = reference.delta_scan(named["q"], named["k"], named["v"], named["beta"], named.get("g"),
+                                   named.get("p"), named.get("S0"), spec.scale, spec.l2norm, spec.reverse,
+                                   spec.return_last_state)
+        got = list(got) if spec.return_last_state else [got]
     elif isinstance(spec, MatrixScanSpec):
         kwargs = {"g" if n == "dt" else n: x for n, x in zip(spec.operand_names(), ops)}
         got = reference.matrix_scan(decay=None if spec.decay == "selective" else spec.decay,

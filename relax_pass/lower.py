@@ -13,7 +13,7 @@ from tvm import relax
 
 import tir_schedules
 from scanweaver_core.scan_op import output_types, parse_scan
-from scanweaver_core.spec import MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
+from scanweaver_core.spec import DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
 from tir_schedules import instance
 
 REALIZATIONS = ("tir", "mlir")
@@ -29,8 +29,8 @@ class _Lowerer(relax.PyExprMutator):
         self.device_modules = []  # runtime modules the executable must import (MLIR on CUDA)
 
     def _realize(self, spec):
-        # (the MLIR bridge has no stabilized or mLSTM kernel: TIR's serves them)
-        if self.realization == "tir" or isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec)):
+        # (the MLIR bridge has no stabilized, mLSTM or delta-rule kernel: TIR's serves them)
+        if self.realization == "tir" or isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec, DeltaScanSpec)):
             if self.database is not None and self.schedule is None:
                 from tir_schedules import search
 

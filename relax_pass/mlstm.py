@@ -34,7 +34,7 @@ import tvm_ffi
 from tvm import relax
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
-from scanweaver_core.scan_op import emit_mlstm_scan
+from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from .interpret import EVAL_ERRORS, Interpreter, random_input
@@ -449,7 +449,7 @@ def emit_mlstm(bb, match, visit):
     shapes = spec.state_shapes()
     prev = {"C": first.prev_C, "n": first.prev_n, "m": first.prev_m}
     operands += [state(prev[n], shapes[n]) for n in spec.state_names()]
-    got = emit_mlstm_scan(emit, spec, operands)
+    got = emit_spec_scan(emit, spec, operands)
     out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
     target = tuple(tensor_shape(match.output))
     if match.out_axis != 2:

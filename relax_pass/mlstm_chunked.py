@@ -31,7 +31,7 @@ from tvm import relax
 
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, tensor_shape
-from scanweaver_core.scan_op import emit_mlstm_scan
+from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from .chunked import _dead, _Facts, _Probe, _region, entries_and_exits
@@ -382,7 +382,7 @@ def emit_chunked_mlstm(bb, match, visit):
                 shaped(match.i, (b, h, length), spec.dtype), shaped(match.f, (b, h, length), spec.dtype)]
     shapes = spec.state_shapes()
     operands += [shaped(x, shapes[n], "float32") for x, n in zip(match.h0, spec.state_names())]
-    got = emit_mlstm_scan(emit, spec, operands)
+    got = emit_spec_scan(emit, spec, operands)
     out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
     out = out if tuple(tensor_shape(out)) == tuple(tensor_shape(match.output)) else \
         emit(relax.op.reshape(out, tensor_shape(match.output)))

@@ -5,7 +5,8 @@ Deliberately the plain sequential loop, written for clarity, not speed.
 import numpy as np
 
 from .algebra import LOG_FLOOR, apply, log_apply, log_step
-from .spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec, StabilizedScanSpec
+from .spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+                   StabilizedScanSpec)
 
 __all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan",
            "stabilized_scan", "mlstm_scan"]
@@ -301,3 +302,69 @@ def _mlstm_direct(q, k, v, i, f, state0, normalized, eps):
         n = w0[..., None] * n0 + np.einsum("bhs,bhsk->bhk", w, k[:, :, :t + 1])
         out[:, :, t] = _mlstm_readout(q[:, :, t], c, n, m, normalized, eps)
     return out, (c, n, m)
+
+
+def delta_scan(q, k, v, beta, g=None, p=None, h0=None, scale=1.0, l2norm=False, reverse=False,
+               return_last_state=False, method="loop"):
+    """``DeltaScanSpec``'s recurrence in float64: ``o`` (B, H, L, V), or ``(o, S)`` with the
+    state after the last step.
+
+    ``method="loop"`` runs the steps as the spec writes them (decay, read, delta update,
+    readout); ``"scan"`` forms each step's transition ``M_t = (I - beta_t k_t p_t^T) D_t`` and
+    input ``U_t = beta_t k_t v_t^T`` as matrices and combines them with the scan's operator
+    ``(M2, U2) o (M1, U1) = (M2 M1, M2 U1 + U2)`` in log2(L) rounds (Hillis-Steele): the
+    associative form the kernels may use, derived independently of the loop."""
+    arrays = [None if x is None else np.asarray(x) for x in (q, k, v, beta, g, p, h0)]
+    spec = DeltaScanSpec.for_arrays(*arrays[:6], h0=arrays[6], scale=scale, l2norm=l2norm,
+                                    reverse=reverse, return_last_state=return_last_state, check_dtypes=False)
+    q, k, v, beta, g, p, h0 = (_f64(x) for x in arrays)
+    if l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+        p = None if p is None else _l2norm(p)
+    p = k if p is None else p
+    if spec.group > 1:          # value head h reads q/k/p head h // group
+        q, k, p = (np.repeat(x, spec.group, axis=1) for x in (q, k, p))
+    b, h, length = spec.batch, spec.heads, spec.length
+    decay = (np.ones((b, h, length, spec.key)) if g is None else
+             np.exp(g)[..., None] * np.ones(spec.key) if g.ndim == 3 else np.exp(g))
+    if reverse:
+        q, k, p, v, beta, decay = (x[:, :, ::-1] for x in (q, k, p, v, beta, decay))
+    state0 = np.zeros((b, h, spec.key, spec.value)) if h0 is None else h0
+    run = {"loop": _delta_loop, "scan": _delta_by_scan}[method]
+    out, state = run(q * scale, k, v, beta, decay, p, state0)
+    if reverse:
+        out = out[:, :, ::-1]
+    out = np.ascontiguousarray(out)
+    return (out, state) if return_last_state else out
+
+
+def _l2norm(x):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+
+def _delta_loop(q, k, v, beta, decay, p, state):
+    s = state.copy()
+    out = np.empty(v.shape)
+    for t in range(v.shape[2]):
+        s = decay[:, :, t, :, None] * s
+        read = np.einsum("bhk,bhkv->bhv", p[:, :, t], s)
+        s = s + beta[:, :, t, None, None] * k[:, :, t, :, None] * (v[:, :, t] - read)[:, :, None, :]
+        out[:, :, t] = np.einsum("bhk,bhkv->bhv", q[:, :, t], s)
+    return out, s
+
+
+def _delta_by_scan(q, k, v, beta, decay, p, state):
+    key = k.shape[-1]
+    bk = beta[..., None, None] * k[..., :, None]                       # (B, H, L, K, 1)
+    m = (np.eye(key) - bk * p[..., None, :]) * decay[..., None, :]     # (I - b k p^T) D
+    u = bk * v[..., None, :]                                           # (B, H, L, K, V)
+    step = 1
+    while step < v.shape[2]:                    # prefix (M, U) of every step, log2(L) rounds
+        m_prev, u_prev = m[:, :, :-step], u[:, :, :-step]
+        m_new, u_new = m.copy(), u.copy()
+        m_new[:, :, step:] = m[:, :, step:] @ m_prev
+        u_new[:, :, step:] = m[:, :, step:] @ u_prev + u[:, :, step:]
+        m, u, step = m_new, u_new, 2 * step
+    states = m @ state[:, :, None] + u                                 # (B, H, L, K, V)
+    out = np.einsum("bhlk,bhlkv->bhlv", q, states)
+    return out, states[:, :, -1]

@@ -14,12 +14,12 @@ import tvm
 from tvm import relax
 
 from .exprs import tensor_dtype, tensor_shape
-from .spec import (AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec, StabilizedScanSpec,
+from .spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec, StabilizedScanSpec,
                    is_symbolic, symbol_identifiers, symbol_name)
 
 CALLEES = {"scanweaver.affine_scan": AffineScanSpec, "scanweaver.selective_scan": SelectiveScanSpec,
            "scanweaver.matrix_scan": MatrixScanSpec, "scanweaver.stabilized_scan": StabilizedScanSpec,
-           "scanweaver.mlstm_scan": MLSTMScanSpec}
+           "scanweaver.mlstm_scan": MLSTMScanSpec, "scanweaver.delta_scan": DeltaScanSpec}
 _CALLEE_OF = {kind: name for name, kind in CALLEES.items()}
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 
@@ -37,7 +37,7 @@ def spec_from_json(kind, text):
                                      fields["has_h0"], fields["dtype"], tuple(fields["outputs"]))
     if kind is MatrixScanSpec:
         return MatrixScanSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    if kind in (StabilizedScanSpec, MLSTMScanSpec):
+    if kind in (StabilizedScanSpec, MLSTMScanSpec, DeltaScanSpec):
         return kind(**fields)
     return SelectiveScanSpec(**fields)
 
@@ -54,7 +54,7 @@ def _types(spec, dim):
     if isinstance(spec, AffineScanSpec):
         shapes = {"states": spec.shape, "last": spec.state_shape}
         return [relax.TensorType([dim(d) for d in shapes[k]], spec.dtype) for k in spec.outputs]
-    if isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec)):
+    if isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec, DeltaScanSpec)):
         dtypes = spec.buffer_dtypes()
         return [relax.TensorType([dim(d) for d in shape], dtypes[n]) for n, shape in spec.output_shapes().items()]
     if isinstance(spec, MatrixScanSpec):
@@ -78,8 +78,8 @@ def _operand_dims(spec, operands):
         return dims if set(dims) >= set(symbol_identifiers(spec)) else None
     if isinstance(spec, StabilizedScanSpec):     # k's shape names them
         return _dims_of(spec, operands[0], spec.seq_shape)
-    if isinstance(spec, MLSTMScanSpec):          # q's shape names them
-        return _dims_of(spec, operands[0], spec.buffer_shapes()["q"])
+    if isinstance(spec, (MLSTMScanSpec, DeltaScanSpec)):     # v's shape names them
+        return _dims_of(spec, operands[2], spec.buffer_shapes()["v"])
     source = operands[1] if isinstance(spec, AffineScanSpec) else operands[0]
     extents = spec.shape if isinstance(spec, AffineScanSpec) else (spec.batch, spec.dim, spec.length)
     return _dims_of(spec, source, extents)
@@ -180,10 +180,11 @@ def emit_stabilized_scan(emit, k, v=None, w=None, u=None, h0=None, reverse=False
     return [emit(relax.TupleGetItem(scan, i)) for i in range(len(spec.output_names()))]
 
 
-def emit_mlstm_scan(emit, spec, operands):
-    """Emit the mLSTM scan of ``spec`` (``MLSTMScanSpec``) on ``operands`` (its inputs in
-    order, with the shapes and dtypes it says).  Returns ``h``, or ``[h, *last state parts]``
-    with ``return_last_state``.  A shape or dtype it cannot take raises ``ValueError``."""
+def emit_spec_scan(emit, spec, operands):
+    """Emit the scan of ``spec`` (``MLSTMScanSpec``, ``DeltaScanSpec``: a spec that names its
+    operands) on ``operands`` (its inputs in order, with the shapes and dtypes it says).
+    Returns the output, or ``[output, *last state parts]`` with ``return_last_state``.  A
+    shape or dtype it cannot take raises ``ValueError`` naming the operand."""
     shapes, dtypes = spec.operand_shapes(), spec.operand_dtypes()
     for (name, shape), x in zip(shapes.items(), operands):
         got = tensor_shape(x)

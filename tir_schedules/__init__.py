@@ -8,15 +8,16 @@ may also be realized by the counterpart's kernels.
 """
 import tvm
 
-from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec, static_or
+from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec,
+                                  static_or)
 from scanweaver_core.targets import host_target, resolve_target  # noqa: F401 (part of this API)
 
-from . import (cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu, mlstm_cpu,
+from . import (cpu, delta_cpu, gpu_blelloch, gpu_chunked, gpu_warp, instance, matrix_cpu, matrix_gpu, mlstm_cpu,
                mlstm_gpu, selective_cpu, selective_gpu, stabilized_cpu, stabilized_gpu)
 
 REALIZATIONS = {m.NAME: m for m in (cpu, gpu_warp, gpu_chunked, gpu_blelloch,
                                     selective_cpu, selective_gpu, matrix_cpu, matrix_gpu,
-                                    stabilized_cpu, stabilized_gpu, mlstm_cpu, mlstm_gpu)}
+                                    stabilized_cpu, stabilized_gpu, mlstm_cpu, mlstm_gpu, delta_cpu)}
 
 
 def target_kind(target):
@@ -33,7 +34,8 @@ def _native(spec, kind):
     form = ("affine" if isinstance(spec, AffineScanSpec) else
             "matrix" if isinstance(spec, MatrixScanSpec) else
             "stabilized" if isinstance(spec, StabilizedScanSpec) else
-            "mlstm" if isinstance(spec, MLSTMScanSpec) else "selective")
+            "mlstm" if isinstance(spec, MLSTMScanSpec) else
+            "delta" if isinstance(spec, DeltaScanSpec) else "selective")
     names = [n for n, m in REALIZATIONS.items() if m.TARGET == kind and m.FORM == form and m.applies(spec)]
     if kind == "cuda" and form == "affine":
         # few lanes and a long L leave SMs idle with one block per lane: split L across blocks
