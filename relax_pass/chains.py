@@ -68,6 +68,7 @@ class Recurrence:
     stabilized: object = field(default=None, repr=False)         # StabilizedMatch (stabilized.py)
     mlstm: object = field(default=None, repr=False)              # MLSTMMatch (mlstm.py)
     chunked_mlstm: object = field(default=None, repr=False)      # ChunkedMLSTMMatch (mlstm_chunked.py)
+    delta: object = field(default=None, repr=False)              # DeltaMatch (delta.py)
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
     lone: bool = field(default=False, repr=False)               # a near miss of lone steps

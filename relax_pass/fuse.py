@@ -5,7 +5,7 @@ Put it first in a ``relax.transform`` pipeline, right after import (``sw.pipelin
 and parallel regions (``chunked.py``), then
 unrolled chains (``chains.find_chains``, each read as a selective, matrix or plain affine scan;
 readout einsums split where that shows a matrix state: ``einsum_split.py``), max-stabilized
-scans (``stabilized.py``, then xLSTM's mLSTM: ``mlstm.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
+scans (``stabilized.py``, then xLSTM's mLSTM: ``mlstm.py``), delta rules (``delta.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
 rewritten (``rewrite.py``, emitting each recurrence's plan: ``plan.py``) and validated
 (``validate.py``); a recurrence that fails is left exactly as it was, and
 ``find_recurrences`` says why.
@@ -20,6 +20,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES
 from .chains import Recurrence, find_chains
 from .chunked import find_chunked
 from .cumulative import cumulative_recurrences
+from .delta import find_delta_scans
 from .einsum_split import readout_splits, split_einsums
 from .interpret import cached_constants
 from .matrix import MatrixMatch, match_matrix
@@ -99,7 +100,7 @@ def fuse(mod, cumulative=False):
         found = find(mod, cumulative)
         new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
         recurrences = chunked + recurrences
-        for finder in (find_stabilized_scans, find_mlstm_scans):   # RWKV's WKV, xLSTM's mLSTM
+        for finder in (find_stabilized_scans, find_mlstm_scans, find_delta_scans):   # RWKV's WKV, xLSTM's mLSTM, delta rules
             stabilized = finder(new)
             if any(not r.rejected for r in stabilized):
                 before = new

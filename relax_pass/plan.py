@@ -19,6 +19,7 @@ from .lift import Lifter
 from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
                             scan_to_stack, state_from_scan)
 from .matrix_lifted import emit_lifted
+from .delta import emit_delta
 from .mlstm import emit_mlstm
 from .mlstm_chunked import emit_chunked_mlstm
 from .stabilized import emit_stabilized
@@ -69,6 +70,11 @@ class StabilizedPlan(_EmittedPlan):
 class MLSTMPlan(_EmittedPlan):
     """An mLSTM scan (``mlstm.py``), at the stacked output it replaces."""
     attr, at, emitter = "mlstm", "emit_at", staticmethod(emit_mlstm)
+
+
+class DeltaPlan(_EmittedPlan):
+    """A delta-rule scan (``delta.py``), at the stacked output it replaces."""
+    attr, at, emitter = "delta", "emit_at", staticmethod(emit_delta)
 
 
 class ChunkedMLSTMPlan(_EmittedPlan):
@@ -283,7 +289,7 @@ class AffinePlan(_Plan):
             rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
 
 
-PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,
+PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, DeltaPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,
               CumulativePlan, AffinePlan)
 
 

@@ -1,7 +1,7 @@
 """fla-core's own reference kernels (``fla.ops.*.naive``, pinned in the dev extra) as a user
 hands them to us: each recurrent, chunked or parallel form is found as the scan it computes,
 leaves no (L, L) or block tensor behind, and equals what fla computes.  The forms fla ships
-that are no plain scan yet (the delta rule: a matrix coefficient) stay correct.  Small sizes
+with a matrix coefficient (the delta rule) are delta-rule scans.  Small sizes
 keep the file fast; fla imports once per worker (~10 s: it probes triton)."""
 import warnings
 
@@ -136,12 +136,12 @@ def test_rwkv6_reads_the_state_before_its_update():
     assert "before each step's update" in found[0].matrix_miss
 
 
-def test_delta_rule_is_left_alone_and_correct():
-    """``S += k (beta (v - k^T S))^T``: the coefficient of S is a matrix, not a scan of this
-    pass yet (issue "Delta rules as scans"); the model still compiles and equals fla."""
+def test_delta_rule_is_one_delta_scan():
+    """``S += k (beta (v - k^T S))^T``: the coefficient of S is a matrix; one delta-rule scan
+    (``relax_pass/delta.py``; more forms in ``tests/test_delta_detect.py``), equal to fla."""
     r = _rand(7)
     args = (r(1, H, 6, K), F.normalize(r(1, H, 6, K), dim=-1), r(1, H, 6, V), r(1, H, 6).sigmoid())
-    _check(delta_rule_recurrence, args, [])
+    _check(delta_rule_recurrence, args, [("delta", 6)])
 
 
 # ---------------------------------------------------------------- chunked and parallel forms

@@ -1,0 +1,496 @@
+"""Delta-rule loops read by what they compute (``DeltaScanSpec``).
+
+fla-core's naive recurrent kernels (delta rule, gated delta rule, KDA, Comba), transformers'
+``torch_recurrent_gated_delta_rule`` (Qwen3-Next's decode path) and the spellings people write
+(``kv = (S * k[..., None]).sum(-2)``, ``S = S + k[..., None] * ((v - kv) * beta)[..., None, :]``,
+or matmul/einsum forms) carry one (B, H, K, V) state whose coefficient is a matrix,
+``S_t = (I - beta_t k_t p_t^T) D_t S_(t-1) + beta_t k_t v_t^T``: not affine per element, so
+the chain finder does not take it; it is one delta scan.
+
+How a loop is read (``find_delta``):
+
+1. the state chain: rank-4 ``add`` bindings, each computed from exactly one earlier one of
+   its shape (the previous state) without passing another;
+2. per step, the step's map ``S_(t-1) -> S_t`` evaluated (float64) on chosen previous states:
+   ``U`` at zero, the transition ``M`` from random states, the map checked affine on another;
+3. the operands, found among the step's per-step tensors by value: ``k`` the left factor of
+   ``U = beta k v^T``, ``beta`` and ``v`` its scale and right factor, ``D`` and ``p`` from
+   ``M - D = -beta k (D p)^T`` (``D`` = 1, a scalar or a diagonal, matched to a tensor whose
+   ``exp`` it is, or to the decay itself), ``q`` and the scale off the readout ``scale S_t^T q``;
+4. steps 0, 1 and the last are read and checked; each operand must be a per-step slice of one
+   tensor at consecutive times.  The rewrite is then validated like every other.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+
+from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
+from scanweaver_core.scan_op import emit_spec_scan
+from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
+
+from .interpret import EVAL_ERRORS, random_input
+from .lift import Lifter, NotLiftable
+from .mlstm import _args, _closure, _MReader, _Probe
+from .stabilized import RTOL, NotStabilized, _analysis, _users
+
+__all__ = ["DeltaMatch", "find_delta", "find_delta_scans", "emit_delta"]
+
+
+class NotDelta(Exception):
+    """The loop is not a delta-rule scan (the message says why)."""
+
+
+@dataclass
+class _Step:
+    S: object                  # the state after the step
+    prev: object               # the state before it (a var or a constant)
+    y: object = None           # the readout stacked into (or written to) the output
+    ops: dict = field(default_factory=dict)     # q, k, v, beta, [g], [p]: per-step vars
+    log_decay: bool = True     # g is the log-decay (else the decay itself: the scan takes its log)
+
+
+@dataclass
+class DeltaMatch:
+    """One loop read as a delta-rule scan; ``emit_delta`` builds it."""
+
+    steps: list
+    spec: DeltaScanSpec
+    output: object             # the stacked readouts (replaced by the scan)
+    out_axis: int
+    last_used: bool
+    analysis: object = None
+    window: tuple = ()
+    bindings: tuple = ()
+
+    @property
+    def emit_at(self):
+        return self.output
+
+    @property
+    def length(self):
+        return len(self.steps)
+
+
+def _state_chains(reader, value):
+    """Chains ``[[S_0, S_1, ...]]`` of rank-4 ``add`` bindings, each computed from the one
+    before it through tensors of its own size only (the state's path: a decay, a clone, a
+    view), and from no other."""
+    adds = VarMap((v, True) for v, val in value.items() if op_name(val) == "relax.add"
+                  and len(tensor_shape(v) or ()) == 4)
+    prev, nxt = VarMap(), VarMap()
+    for v in adds.keys():
+        path = _state_path(reader, v, adds)
+        if path is not None:
+            p = path[0]
+            prev[v] = p
+            nxt[p] = None if p in nxt else v      # (two successors: no chain)
+    chains = []
+    for v in adds.keys():
+        if v in prev and nxt.get(prev[v]) is not None:
+            continue               # not a first state
+        chain = [v]
+        while nxt.get(chain[-1]) is not None:
+            chain.append(nxt[chain[-1]])
+        if len(chain) >= 2:
+            chains.append(chain)
+    return chains
+
+
+def _state_path(reader, var, stop):
+    """``(state, [argument positions])``: the one var of ``stop`` that ``var`` reads through
+    vars of its own size (views of it: a matmul's (B*H, K, V)), and the path to it; None when
+    there is not exactly one."""
+    size = _size(var)
+    found, seen, frontier = [], VarMap(), [(var, [])]
+    for _ in range(16):
+        nxt = []
+        for x, path in frontier:
+            for i, a in enumerate(_args(reader.val(x))):
+                if not isinstance(a, relax.Var) or a in seen or _size(a) != size:
+                    continue
+                seen[a] = True
+                if a in stop:
+                    found.append((a, path + [i]))
+                else:
+                    nxt.append((a, path + [i]))
+        frontier = nxt
+    return found[0] if len(found) == 1 else None
+
+
+def _size(x):
+    shape = tensor_shape(x)
+    return None if shape is None else int(np.prod(shape))
+
+
+def _follow(reader, var, path):
+    """The expression at argument positions ``path`` below ``var`` (None if it leaves the
+    bindings): step 0's previous state, where step 1 finds its own."""
+    x = var
+    for n, i in enumerate(path):
+        args = _args(reader.val(x))
+        if i >= len(args) or (n < len(path) - 1 and not isinstance(args[i], relax.Var)):
+            return None
+        x = args[i]
+    return x
+
+
+def _bh(x, b, h):
+    """``x`` as (B, H, n) when its size allows (views of per-step vectors and scalars)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size % (b * h):
+        return None
+    return x.reshape(b, h, -1)
+
+
+def _close(got, want, tol=RTOL):
+    want = np.asarray(want, dtype=np.float64)
+    return got.shape == want.shape and \
+        float(np.max(np.abs(got - want), initial=0.0)) <= tol * max(1.0, float(np.max(np.abs(want), initial=0.0)))
+
+
+class _StepReader:
+    """One step's map and the operands it reads (every probe shares the same leaf inputs)."""
+
+    def __init__(self, reader, step, states, leaf, rng):
+        self.reader, self.step, self.rng = reader, step, rng
+        self.b, self.h, self.key, self.value = (int(n) for n in tensor_shape(step.S))
+        self.leaf, self.states = leaf, states
+        stop = VarMap((x, True) for x in states)
+        self.cands = [x for x in _closure(reader, [step.S, step.y], stop, depth=24)
+                      if x not in stop and tensor_dtype(x) in ("float32", "float64", "float16", "bfloat16")]
+
+    def probe(self, prev_value):
+        given = VarMap()
+        given[self.step.prev] = prev_value
+        return _Probe(self.reader, given, self.leaf)
+
+    def values(self, probe, size, cands=None):
+        """``[(var, (B, H, size) value)]`` of the state-free candidates (``cands``, else the
+        step's) with ``size`` values per head."""
+        out = []
+        for x in self.cands if cands is None else cands:
+            if x in self.dependent:
+                continue
+            shape = tensor_shape(x)      # (B, H, ...) only: a (B*H, ...) view would lift scrambled
+            if shape is None or tuple(shape[:2]) != (self.b, self.h) or int(np.prod(shape)) != self.b * self.h * size:
+                continue
+            val = _bh(probe(x), self.b, self.h)
+            if val is not None:
+                out.append((x, val))
+        return out
+
+    def read(self):
+        """``(ops, spec fields)`` of this step, or ``NotDelta``."""
+        b, h, key, value = self.b, self.h, self.key, self.value
+        zero = self.probe(np.zeros((b, h, key, value)))
+        u0 = zero(self.step.S).reshape(b, h, key, value)
+        rs = [self.rng.standard_normal((b, h, key, value)) for _ in range(-(-key // value) + 1)]
+        probes = [self.probe(r) for r in rs]
+        outs = [pr(self.step.S).reshape(b, h, key, value) - u0 for pr in probes]
+        self.dependent = VarMap((x, True) for x in self.cands         # what the state reaches
+                                if not np.array_equal(np.asarray(zero(x)), np.asarray(probes[0](x))))
+        left = np.concatenate(rs[:-1], axis=-1)                           # (B, H, K, V * n)
+        right = np.concatenate(outs[:-1], axis=-1)
+        m = right @ np.linalg.pinv(left)                                  # M R = f(R) - U
+        if not _close(outs[-1], m @ rs[-1]):
+            raise NotDelta(f"step {self.step.S.name}: the state is not a linear map of the previous "
+                           "one applied to every column alike")
+        ops = {}
+        ks = self.values(zero, key)
+        scalars = self.values(zero, 1) + [(None, np.ones((b, h, 1)))]    # (None: beta = 1)
+        vectors = self.values(zero, value)
+        found = None
+        for x, kv in ks:                          # k: the left factor of U = beta k v^T
+            if not _rank1_left(u0, kv):
+                continue
+            bv = np.einsum("bhk,bhkv->bhv", kv, u0) / np.einsum("bhk,bhk->bh", kv, kv)[..., None]
+            found = next(((x, kv, s, v) for s, sv in scalars for v, vv in vectors if _close(sv * vv, bv)), None)
+            if found is not None:
+                break
+        if found is None:
+            raise NotDelta(f"step {self.step.S.name}: its input is not an outer product beta k v^T "
+                           "of a per-step key, value and beta (or 1)")
+        ops["k"], kv, ops["beta"], ops["v"] = found                      # kv: (B, H, K)
+        beta = np.ones((b, h)) if ops["beta"] is None else _bh(zero(ops["beta"]), b, h)[..., 0]
+        decay, w = _decay_and_read(m, beta[..., None] * kv)
+        fields = {}
+        if np.allclose(decay, 1.0, rtol=0, atol=1e-9):
+            fields["decay"] = "none"
+        else:
+            per_head = np.allclose(decay, decay[..., :1], rtol=1e-9, atol=1e-12)
+            fields["decay"] = "head" if per_head else "key"
+            want = decay[..., :1] if per_head else decay
+            g = _decay_var(self.values(zero, 1 if per_head else key), want)
+            if g is None:
+                raise NotDelta(f"step {self.step.S.name}: the decay of its state is not exp of a "
+                               "per-step tensor, nor one")
+            ops["g"], self.step.log_decay = g
+        with np.errstate(all="ignore"):
+            p = w / decay
+        if _close(p, kv):
+            fields["separate_read"] = False
+        else:
+            read = next((x for x, pv in ks if _close(pv, p)), None)
+            if read is None:
+                raise NotDelta(f"step {self.step.S.name}: the state is read (v - S^T p) with no "
+                               "per-step p found")
+            ops["p"], fields["separate_read"] = read, True
+        stop = VarMap((x, True) for x in self.states)
+        near_y = [x for x in _closure(self.reader, [self.step.y], stop, depth=24)]   # nearest first
+        ops["q"], fields["scale"] = self._readout(zero, self.values(zero, key, near_y))
+        return ops, fields
+
+    def _readout(self, probe, ks):
+        s = probe(self.step.S).reshape(self.b, self.h, self.key, self.value)
+        y = _bh(probe(self.step.y), self.b, self.h)
+        if y is None or y.shape[-1] != self.value:
+            raise NotDelta(f"step {self.step.S.name}: its readout {self.step.y.name} has no (B, H, V) shape")
+        for x, qv in ks:
+            z = np.einsum("bhk,bhkv->bhv", qv, s)
+            den = float(np.sum(z * z))
+            if den == 0.0:
+                continue
+            scale = float(np.sum(y * z)) / den
+            if _close(y, scale * z):
+                return x, scale
+        raise NotDelta(f"step {self.step.S.name}: its readout {self.step.y.name} is not scale * S_t^T q")
+
+
+def _rank1_left(u, k):
+    """``u`` (B, H, K, V) = k c^T for some c (k (B, H, K) nonzero per head)."""
+    nk = np.einsum("bhk,bhk->bh", k, k)
+    if np.any(nk == 0):
+        return False
+    c = np.einsum("bhk,bhkv->bhv", k, u) / nk[..., None]
+    return _close(u, k[..., :, None] * c[..., None, :])
+
+
+def _decay_and_read(m, bk):
+    """``(d, w)`` with ``m = diag(d) - bk w^T`` (least squares off the diagonal for w)."""
+    key = m.shape[-1]
+    off = ~np.eye(key, dtype=bool)
+    w = np.empty(m.shape[:-1])
+    for j in range(key):
+        rows = off[:, j]
+        num = -np.einsum("bhi,bhi->bh", m[..., rows, j], bk[..., rows])
+        den = np.einsum("bhi,bhi->bh", bk[..., rows], bk[..., rows])
+        with np.errstate(all="ignore"):
+            w[..., j] = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    d = np.diagonal(m, axis1=-2, axis2=-1) + bk * w
+    if not _close(m, d[..., :, None] * np.eye(key) - bk[..., :, None] * w[..., None, :]):
+        raise NotDelta("the transition is not a diagonal minus beta k p^T (not a delta rule)")
+    return d, w
+
+
+def _decay_var(cands, want):
+    """``(var, is_log)``: a candidate whose exp is ``want``, else one equal to it."""
+    for x, val in cands:
+        with np.errstate(all="ignore"):
+            if _close(np.exp(val), want):
+                return x, True
+    for x, val in cands:
+        if _close(val, want):
+            return x, False
+    return None
+
+
+def _readout_var(reader, step, states):
+    """The readout of ``step.S``: the var, reached from it without entering the next states,
+    that is stacked into (or written to) the output."""
+    b, h, _, value = tensor_shape(step.S)
+    size = int(b) * int(h) * int(value)
+    frontier, seen = [step.S], VarMap()
+    for _ in range(24):
+        nxt = []
+        for x in frontier:
+            for u in reader.users.get(x, []):
+                if u == "return" or u in seen or u in states:
+                    continue
+                seen[u] = True
+                val = reader.val(u)
+                if op_name(val) in ("relax.concat", "relax.where") and x is not step.S:
+                    return _below_views(reader, x, size)
+                nxt.append(u)
+        frontier = nxt
+    raise NotDelta(f"state {step.S.name}: no readout of it is stacked into an output")
+
+
+def _below_views(reader, x, size):
+    """``x``, or the var below its views (broadcasts, reshapes) with ``size`` elements: the
+    readout itself, not its broadcast to the output buffer."""
+    y = x
+    while int(np.prod(tensor_shape(y) or (0,))) != size:
+        val = reader.val(y)
+        if op_name(val) not in ("relax.broadcast_to", "relax.expand_dims", "relax.reshape", "relax.squeeze") \
+                or not isinstance(_args(val)[0], relax.Var):
+            return x
+        y = _args(val)[0]
+    return y
+
+
+def find_delta(func, value, users):
+    """``[(var, DeltaMatch | reason str)]`` for the delta-rule state chains of ``func``."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return []
+    reader = _MReader(func, value, users)
+    bindings = [b for blk in func.body.blocks for b in blk.bindings]
+    found, an = [], None
+    for chain in _state_chains(reader, value):
+        try:
+            an = an or _analysis(bindings)
+            found.append((chain[0], _build(reader, chain, an)))
+        except (NotDelta, NotStabilized) as err:
+            found.append((chain[0], str(err)))
+        except EVAL_ERRORS + (NotLiftable,) as err:
+            found.append((chain[0], f"could not be read: {type(err).__name__}: {err}"))
+    return found
+
+
+def _build(reader, chain, an):
+    """The chain's match; when its first state is no step (``S = zeros + S0``, an initial
+    state added in), the chain after it, from that state."""
+    _, path = _state_path(reader, chain[1], VarMap([(chain[0], True)]))
+    prev0 = _follow(reader, chain[0], path)
+    try:
+        if prev0 is None:
+            raise NotDelta(f"state {chain[0].name}: no previous state where step 1 has one")
+        return _build_from(reader, [_Step(chain[0], prev0)] +
+                           [_Step(s, p) for p, s in zip(chain, chain[1:])], an)
+    except NotDelta:
+        if len(chain) < 3:
+            raise
+        return _build_from(reader, [_Step(s, p) for p, s in zip(chain, chain[1:])], an)
+
+
+def _build_from(reader, steps, an):
+    states = VarMap((s.S, True) for s in steps)
+    for step in steps:
+        step.y = _readout_var(reader, step, states)
+    rng = np.random.default_rng(0)
+    leaves = VarMap()
+
+    def leaf(var):
+        if var not in leaves:
+            leaves[var] = random_input(var.ty, rng, 1.0)
+        return leaves[var]
+
+    fields = None
+    for idx in sorted({0, 1, len(steps) - 1}):
+        step = steps[idx]
+        ops, got = _StepReader(reader, step, states, leaf, rng).read()
+        step.ops = ops
+        if fields is None:
+            fields = got
+        elif {k: v for k, v in got.items() if k != "scale"} != {k: v for k, v in fields.items() if k != "scale"} \
+                or abs(got["scale"] - fields["scale"]) > 1e-6 * max(1.0, abs(fields["scale"])):
+            raise NotDelta(f"step {idx} is not read as step 0 is: {got} vs {fields}")
+    checked = [steps[0], steps[1], steps[-1]]
+    window = reverse = None
+    for name in [n for n, x in steps[0].ops.items() if x is not None]:
+        idx = [an.template(s.ops[name]).index for s in checked]
+        if any(not isinstance(x, int) for x in idx):
+            raise NotDelta(f"the {name} operands are not per-step slices of one tensor")
+        delta = idx[1] - idx[0]
+        if delta not in (1, -1) or idx[2] != idx[0] + delta * (len(steps) - 1):
+            raise NotDelta(f"the {name} operands' time indices are not consecutive: {idx}")
+        here = (delta == -1, (min(idx[0], idx[2]), len(steps)))
+        if (reverse, window) != (None, None) and here != (reverse, window):
+            raise NotDelta(f"the {name} operands do not run with the others")
+        reverse, window = here
+    output, out_axis, inside = reader.gathered(steps, reverse)
+    if len(tensor_shape(output) or ()) == 3:
+        out_axis = 2             # a bare concat of (B, H, V) readouts: (B, H, L*V) holds (B, H, L, V)
+    region = set(inside) | {s.y for s in steps} | {s.S for s in steps}
+    region |= set(_closure(reader, [s.y for s in steps] + [s.S for s in steps[1:]], states, depth=24))
+    last_used = any(u == "return" or u not in region for u in reader.users.get(steps[-1].S, []))
+    batch, heads, key, value = (int(n) for n in tensor_shape(steps[0].S))
+    dtype = tensor_dtype(output)
+    if dtype not in SUPPORTED_DTYPES:
+        raise NotDelta(f"dtype {dtype}: scans take {'/'.join(SUPPORTED_DTYPES)}")
+    spec = DeltaScanSpec(batch, heads, len(steps), key, value, fields["decay"], heads, fields["scale"],
+                         False, fields["separate_read"], bool(reverse), True, last_used, dtype)
+    names = tuple(sorted((v.name for v in region if v in reader.vmap), key=lambda n: (len(n), n)))
+    return DeltaMatch(steps, spec, output, out_axis, last_used, an, window, names)
+
+
+def emit_delta(bb, match, visit):
+    """Emit ``match``'s scan with ``bb``; returns ``[(old var, new expr)]``: the stacked
+    output and, where read, the final state."""
+    emit, spec, first = bb.emit, match.spec, match.steps[0]
+    lifter = Lifter(match.analysis, match.window, emit, visit)
+    b, h, length = spec.batch, spec.heads, spec.length
+
+    def seq(expr, last, what):
+        e, tax = lifter.lift(expr)
+        if tax is None:
+            raise NotDelta(f"{what} does not vary over time")
+        shape = tensor_shape(e)
+        if tax != 2:
+            rest = [d for d in range(len(shape)) if d != tax]
+            e = emit(relax.op.permute_dims(e, rest[:2] + [tax] + rest[2:]))
+        want = (b, h, length) + ((last,) if last else ())
+        if tuple(tensor_shape(e)) != want:
+            if int(np.prod(tensor_shape(e))) != int(np.prod(want)):
+                raise NotDelta(f"{what} has shape {tensor_shape(e)}, not {want}")
+            e = emit(relax.op.reshape(e, want))
+        return e if tensor_dtype(e) == spec.dtype else emit(relax.op.astype(e, spec.dtype))
+
+    ops = first.ops
+    beta = relax.const(np.ones((b, h, length), dtype="float32")) if ops["beta"] is None else None
+    if beta is not None and spec.dtype != "float32":
+        beta = emit(relax.op.astype(beta, spec.dtype))
+    operands = [seq(ops["q"], spec.key, "q"), seq(ops["k"], spec.key, "k"), seq(ops["v"], spec.value, "v"),
+                beta if beta is not None else seq(ops["beta"], None, "beta")]
+    if spec.decay != "none":
+        g = seq(ops["g"], spec.key if spec.decay == "key" else None, "the decay")
+        operands.append(g if first.log_decay else emit(relax.op.log(g)))
+    if spec.separate_read:
+        operands.append(seq(ops["p"], spec.key, "p"))
+    s0 = visit(first.prev)
+    if tuple(tensor_shape(s0)) != (b, h, spec.key, spec.value):
+        s0 = emit(relax.op.broadcast_to(s0, (b, h, spec.key, spec.value)))
+    operands.append(s0 if tensor_dtype(s0) == "float32" else emit(relax.op.astype(s0, "float32")))
+    got = emit_spec_scan(emit, spec, operands)
+    out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
+    target = tuple(tensor_shape(match.output))
+    if match.out_axis != 2:
+        perm = {0: [2, 0, 1, 3], 1: [0, 2, 1, 3], 3: [0, 1, 3, 2]}.get(match.out_axis)
+        if perm is None or len(target) != 4:
+            raise NotDelta(f"the output stacks along axis {match.out_axis} of {target}")
+        out = emit(relax.op.permute_dims(out, perm))
+    if tuple(tensor_shape(out)) != target:
+        out = emit(relax.op.reshape(out, target))
+    if tensor_dtype(out) != tensor_dtype(match.output):
+        out = emit(relax.op.astype(out, tensor_dtype(match.output)))
+    replaced = [(match.output, out)]
+    last = match.steps[-1].S
+    for new in parts:
+        if tensor_dtype(last) != "float32":
+            new = emit(relax.op.astype(new, tensor_dtype(last)))
+        replaced.append((last, new))
+    return replaced
+
+
+def find_delta_scans(mod):
+    """The delta-rule loops of every Relax function in ``mod`` as ``chains.Recurrence``s of
+    form ``"delta"`` (accepted: ``rec.delta`` holds the match; near misses the reason)."""
+    from .chains import Recurrence  # pylint: disable=import-outside-toplevel
+
+    found = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        value = {b.var: b.value for blk in func.body.blocks for b in blk.bindings}
+        for var, match in find_delta(func, value, _users(func)):
+            if isinstance(match, DeltaMatch):
+                spec = match.spec
+                found.append(Recurrence(gvar.name_hint, "delta", match.length, match.out_axis, spec.reverse,
+                                        (spec.batch, spec.heads, spec.key, spec.value), spec.dtype,
+                                        match.bindings, delta=match))
+            else:
+                found.append(Recurrence(gvar.name_hint, "delta", 0, 0, False, tensor_shape(var) or (),
+                                        tensor_dtype(var), (var.name,), rejected=True,
+                                        reason=f"a matrix-state loop from {var.name} is not a delta-rule "
+                                               f"scan: {match}"))
+    return found
