@@ -148,9 +148,13 @@ def test_bad_specs_are_named():
 # -- the CPU kernel -----------------------------------------------------------------------------
 
 def check(spec, rng, length=None, batch=None, **config):
-    """The kernel on fresh operands (outputs poisoned with NaN) against the float64 oracle;
+    """Our CPU kernel for ``spec`` (``config`` overriding its defaults), checked."""
+    check_kernel(tir_schedules.build(spec, "llvm", **config)["scanweaver_scan"], spec, rng, length, batch)
+
+
+def check_kernel(kernel, spec, rng, length=None, batch=None):
+    """``kernel`` on fresh operands (outputs poisoned with NaN) against the float64 oracle;
     ``length`` and ``batch`` for a symbolic spec."""
-    kernel = tir_schedules.build(spec, "llvm", **config)["scanweaver_scan"]
     x = operands(spec, rng, length, batch)
     want, wants = expected(spec, x)
     sizes = {spec.length: spec.length if length is None else length, spec.batch: spec.batch if batch is None else batch}

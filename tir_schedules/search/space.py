@@ -114,8 +114,8 @@ def _stabilized_gpu(spec):
             "chunks": [c for c in _pow2(1, 16) if c <= max(1, spec.length // 8)]}
 
 
-def _mlstm_cpu(spec):
-    # columns a task: 1 .. 32 lanes (up to V's)
+def _column_lanes(spec):
+    # columns a task (mLSTM, delta rule): 1 .. 32 lanes (up to V's)
     return {"lanes": _pow2(1, min(32, _ceil_pow2(spec.value)))}
 
 
@@ -161,7 +161,7 @@ _KNOBS = {"cpu": _cpu, "selective_cpu": _selective_cpu, "blelloch": _blelloch,
           "warp": _warp, "chunked": _chunked, "selective_gpu": _selective_gpu,
           "matrix_cpu": _matrix_cpu, "matrix_gpu": _matrix_gpu,
           "stabilized_cpu": _stabilized_cpu, "stabilized_gpu": _stabilized_gpu,
-          "mlstm_cpu": _mlstm_cpu, "mlstm_gpu": _mlstm_gpu}
+          "mlstm_cpu": _column_lanes, "mlstm_gpu": _mlstm_gpu, "delta_cpu": _column_lanes}
 _RULES = {"matrix_cpu": _matrix_cpu_rule, "matrix_gpu": _matrix_gpu_rule,
           "stabilized_cpu": _stabilized_cpu_rule}
 

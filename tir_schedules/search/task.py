@@ -43,6 +43,9 @@ def task_name(spec):
         return "affine_" + "x".join(map(str, spec.shape))
     if form == "stabilized":
         return "stabilized_" + "x".join(map(str, (spec.batch, spec.channels, spec.length))) + f"_{spec.decay}"
+    if form == "delta":
+        dims = (spec.batch, spec.heads, spec.length, spec.key, spec.value)
+        return "delta_" + "x".join(map(str, dims)) + f"_{spec.decay}"
     if form == "mlstm":
         dims = (spec.batch, spec.heads, spec.length, spec.key, spec.value)
         return "mlstm_" + "x".join(map(str, dims)) + ("_normalized" if spec.normalized else "")

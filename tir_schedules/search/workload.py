@@ -16,18 +16,18 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from scanweaver_core.algebra import LOG_FLOOR, log_apply, log_step
-from scanweaver_core.spec import (AffineScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
 
 BLOCK = "scan"
 SPEC_ATTR = "scanweaver.spec"
 F32 = "float32"
 _KINDS = {"affine": AffineScanSpec, "selective": SelectiveScanSpec, "matrix": MatrixScanSpec,
-          "stabilized": StabilizedScanSpec, "mlstm": MLSTMScanSpec}
+          "stabilized": StabilizedScanSpec, "mlstm": MLSTMScanSpec, "delta": DeltaScanSpec}
 
 
 def form_of(spec):
-    """``"affine"``, ``"selective"``, ``"matrix"``, ``"stabilized"`` or ``"mlstm"``: the ``FORM`` of the
+    """``"affine"``, ``"selective"``, ``"matrix"``, ``"stabilized"``, ``"mlstm"`` or ``"delta"``: the ``FORM`` of the
     spec's realizations."""
     for form, kind in _KINDS.items():
         if isinstance(spec, kind):
@@ -71,7 +71,7 @@ def scan_workload(spec):
     """The workload PrimFunc ``main`` of ``spec`` (concrete extents only: tuning measures it)."""
     require_static(spec)
     return {"affine": _affine, "selective": _selective, "matrix": _matrix,
-            "stabilized": _stabilized, "mlstm": _mlstm}[form_of(spec)](spec)
+            "stabilized": _stabilized, "mlstm": _mlstm, "delta": _delta}[form_of(spec)](spec)
 
 
 def workload_module(spec):
@@ -351,6 +351,67 @@ def _mlstm(spec):
                                         with T.serial(0, n_k) as i:
                                             T.buffer_store(bufs["last_n"], nrm[i], [b, h, i])
                                     T.buffer_store(bufs["last_m"], m[0], [b, h])
+    return ib.get()
+
+
+def _delta(spec):
+    """One block per (batch, head, column c of V): the column ``S[:, c]`` in a local buffer (the
+    delta rule's columns are independent: ``u_c = beta (v_c - p^T D S[:, c])``), the step as
+    ``DeltaScanSpec`` writes it, q/k/p norms recomputed per column."""
+    dtypes, n_k = spec.buffer_dtypes(), spec.key
+    lanes = spec.batch * spec.heads * spec.value
+    zero = tirx.const(0.0, F32)
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True, SPEC_ATTR: spec_to_json(spec)})
+            bufs = {n: T.arg(n, T.buffer(shape, dtypes[n])) for n, shape in spec.buffer_shapes().items()}
+            with T.sblock("root"):
+                with T.serial(0, lanes) as lane:
+                    with T.sblock(BLOCK):
+                        vl = T.axis.spatial(lanes, lane)
+                        b, h, c = vl // (spec.heads * spec.value), vl // spec.value % spec.heads, vl % spec.value
+                        hk = h // spec.group
+                        col = T.sblock_alloc_buffer((n_k,), F32, scope="local")
+                        acc = T.sblock_alloc_buffer((5,), F32, scope="local")   # read, out, |q|^2, |k|^2, |p|^2
+                        with T.serial(0, n_k) as i:
+                            T.buffer_store(col, bufs["S0"][b, h, i, c] if spec.has_h0 else zero, [i])
+                        with T.serial(0, spec.length) as s:
+                            t = spec.length - 1 - s if spec.reverse else s
+                            names = ["q", "k"] + (["p"] if spec.separate_read else [])
+
+                            def ld(name, i):
+                                return _f32(bufs[name][b, hk, t, i], spec.dtype)
+
+                            def norm(j):
+                                return T.sqrt(acc[2 + j] + tirx.const(1e-6, F32)) if spec.l2norm else None
+                            for j in range(5):
+                                T.buffer_store(acc, zero, [j])
+                            if spec.l2norm:
+                                with T.serial(0, n_k) as i:
+                                    for j, n in enumerate(names):
+                                        T.buffer_store(acc, acc[2 + j] + ld(n, i) * ld(n, i), [2 + j])
+
+                            def vec(name, i):
+                                j = names.index(name)
+                                x = ld(name, i) if norm(j) is None else ld(name, i) / norm(j)
+                                return x * tirx.const(spec.scale, F32) if name == "q" else x
+                            with T.serial(0, n_k) as i:
+                                d = (T.exp(_f32(bufs["g"][b, h, t], spec.dtype)) if spec.decay == "head" else
+                                     T.exp(_f32(bufs["g"][b, h, t, i], spec.dtype)) if spec.decay == "key" else None)
+                                if d is not None:
+                                    T.buffer_store(col, d * col[i], [i])
+                                T.buffer_store(acc, acc[0] + vec("p" if spec.separate_read else "k", i) * col[i], [0])
+                            u = _f32(bufs["beta"][b, h, t], spec.dtype) * (_f32(bufs["v"][b, h, t, c], spec.dtype) - acc[0])
+                            T.buffer_store(acc, u, [0])
+                            with T.serial(0, n_k) as i:
+                                T.buffer_store(col, col[i] + vec("k", i) * acc[0], [i])
+                                T.buffer_store(acc, acc[1] + vec("q", i) * col[i], [1])
+                            T.buffer_store(bufs["o"], acc[1] if spec.dtype == F32 else tirx.Cast(spec.dtype, acc[1]),
+                                           [b, h, t, c])
+                        if spec.return_last_state:
+                            with T.serial(0, n_k) as i:
+                                T.buffer_store(bufs["last_S"], col[i], [b, h, i, c])
     return ib.get()
 
 
