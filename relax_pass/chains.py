@@ -69,6 +69,7 @@ class Recurrence:
     mlstm: object = field(default=None, repr=False)              # MLSTMMatch (mlstm.py)
     chunked_mlstm: object = field(default=None, repr=False)      # ChunkedMLSTMMatch (mlstm_chunked.py)
     delta: object = field(default=None, repr=False)              # DeltaMatch (delta.py)
+    chunked_delta: object = field(default=None, repr=False)      # ChunkedDeltaMatch (delta_chunked.py)
     facts: object = field(default=None, repr=False)              # (users, value) of the function
     internal: frozenset = field(default=frozenset(), repr=False)  # the bindings inside the steps
     lone: bool = field(default=False, repr=False)               # a near miss of lone steps

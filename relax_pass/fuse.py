@@ -21,6 +21,7 @@ from .chains import Recurrence, find_chains
 from .chunked import find_chunked
 from .cumulative import cumulative_recurrences
 from .delta import find_delta_scans
+from .delta_chunked import find_chunked_delta
 from .einsum_split import readout_splits, split_einsums
 from .interpret import cached_constants
 from .matrix import MatrixMatch, match_matrix
@@ -89,7 +90,8 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
-        first = find_chunked_mlstm_scans(mod)      # (its chunk loop's max chain is no RWKV loop)
+        first = find_chunked_mlstm_scans(mod) + find_chunked_delta_scans(mod)   # (their chunk loops
+        # are no RWKV loop, no plain matrix scan)
         if any(not r.rejected for r in first):
             mod, first = _fuse(mod, first)
         chunked = find_chunked_scans(mod)
@@ -126,7 +128,8 @@ def _assembled_from(mod, rec, covered):
     (concats, reshapes, transposes) from bindings in ``covered`` and scans fused before: a
     block loop whose blocks are all scans (xLSTM's whole chunks, then its last steps) was no
     missed scan."""
-    if not (rec.chunked is None and rec.chunked_mlstm is None and len(rec.bindings) == 1
+    if not (rec.chunked is None and rec.chunked_mlstm is None and rec.chunked_delta is None
+            and len(rec.bindings) == 1
             and rec.function in [g.name_hint for g in mod.get_global_vars()]):
         return False
     values = {b.var.name: b.value for blk in mod[rec.function].body.blocks for b in blk.bindings}
@@ -188,6 +191,15 @@ def find_chunked_mlstm_scans(mod):
     return _region_recurrences(mod, find_chunked_mlstm, "mlstm", "a chunkwise mLSTM", accept)
 
 
+def find_chunked_delta_scans(mod):
+    """The gated delta rule in chunked (UT) form (``delta_chunked.py``) as recurrences of form
+    ``"delta"`` carrying their match; a five-tensor region that is not one is a near miss."""
+    def accept(m):
+        return m.spec.length, 2, False, (m.spec.batch, m.spec.heads, m.spec.key, m.spec.value), \
+            {"chunked_delta": m}
+    return _region_recurrences(mod, find_chunked_delta, "delta", "a chunked delta rule", accept)
+
+
 def _fuse_split_readouts(mod, found, cumulative):
     """``_fuse`` on ``mod`` with its readout einsums split (``einsum_split.py``), when that
     makes more matrix scans and every split readout is replaced by one; else None (``mod`` is
@@ -235,7 +247,7 @@ def _fuse(mod, recurrences):
             if rec.rejected or rec.validation_s is not None or id(rec) not in replaced:
                 continue
             try:
-                region = rec.chunked or rec.chunked_mlstm     # local to its region
+                region = rec.chunked or rec.chunked_mlstm or rec.chunked_delta     # local to its region
                 given = region.inputs if region is not None else ()
                 ok, why, seconds = validate(mod[rec.function], new[rec.function], replaced[id(rec)], given)
             except _MATCHER_ERRORS + (ArithmeticError,) as err:   # numpy refused a probe value

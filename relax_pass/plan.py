@@ -20,6 +20,7 @@ from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readout
                             scan_to_stack, state_from_scan)
 from .matrix_lifted import emit_lifted
 from .delta import emit_delta
+from .delta_chunked import emit_chunked_delta
 from .mlstm import emit_mlstm
 from .mlstm_chunked import emit_chunked_mlstm
 from .stabilized import emit_stabilized
@@ -75,6 +76,11 @@ class MLSTMPlan(_EmittedPlan):
 class DeltaPlan(_EmittedPlan):
     """A delta-rule scan (``delta.py``), at the stacked output it replaces."""
     attr, at, emitter = "delta", "emit_at", staticmethod(emit_delta)
+
+
+class ChunkedDeltaPlan(_EmittedPlan):
+    """A chunked (UT-form) delta rule (``delta_chunked.py``), at the first of its outputs."""
+    attr, at, emitter = "chunked_delta", "emit_at", staticmethod(emit_chunked_delta)
 
 
 class ChunkedMLSTMPlan(_EmittedPlan):
@@ -289,7 +295,7 @@ class AffinePlan(_Plan):
             rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
 
 
-PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, DeltaPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,
+PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, DeltaPlan, ChunkedDeltaPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,
               CumulativePlan, AffinePlan)
 
 

@@ -1,0 +1,300 @@
+"""The gated delta rule in its chunked (WY / UT) form, read as one delta-rule scan.
+
+transformers' ``torch_chunk_gated_delta_rule`` (what Qwen3-Next and its kin run for a prompt)
+pads the sequence to a chunk multiple, forms ``k * beta`` and ``v * beta``, views q, k, k beta,
+v beta and the log-decay as (chunks, chunk) blocks, sums the decay within each chunk, solves the
+chunk's unit-triangular UT system (under export: a forward substitution, one row a step),
+and carries the state from chunk to chunk in a loop.  It computes exactly ``DeltaScanSpec``'s
+recurrence with ``D_t = exp(g_t)`` (padded steps have beta = 0 and g = 0: they change nothing).
+
+Found by what it computes, as ``chunked.py`` finds Mamba-2's SSD:
+
+1. the *region*: the bindings from the time-splitting reshapes to the reshape that merges the
+   blocks back (``chunked.entries_and_exits`` / ``chunked._region``), holding a ``cumsum``; it
+   reads five blocked tensors: a log-decay (what its cumsums sum) and four of one more dim;
+2. *roles*: two of the four are products of the other two data tensors' kin with one
+   per-step ``beta`` (``k beta`` = k times beta, ``v beta`` = v times beta, read below the
+   blocks); k is the factor ``k beta`` shares with a blocked tensor, q the remaining one, v the
+   other factor of ``v beta``;
+3. *numbers*: the region evaluated on random q, k, v, beta and g (``k beta`` and ``v beta``
+   formed from them as the graph does) must equal ``reference.delta_scan``, with a random
+   initial state when it reads one, and the region's other uses its final state.
+
+The rewrite is then validated like every other, locally (both sides from the same operands).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from scanweaver_core import reference
+from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, tensor_shape
+from scanweaver_core.scan_op import emit_spec_scan
+from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
+
+from .chunked import _dead, _Facts, _Probe, entries_and_exits
+from .interpret import EVAL_ERRORS
+from .mlstm_chunked import _close, _reads_from, _region_entries, _walk_set
+
+__all__ = ["ChunkedDeltaMatch", "NotChunkedDelta", "find_chunked_delta", "emit_chunked_delta"]
+
+CHECK_RTOL = 1e-6      # the region against the oracle on fresh inputs
+VIEWS = {f"relax.{n}" for n in ("reshape", "squeeze", "expand_dims", "broadcast_to", "astype", "nn.pad")}
+QUIET = ("no cumsum in it", "five blocked tensors")     # whole reasons: no delta rule in sight
+
+
+class NotChunkedDelta(Exception):
+    """The region is not a chunked delta rule (the message says why)."""
+
+
+@dataclass
+class ChunkedDeltaMatch:
+    """What ``emit_chunked_delta`` needs for one region."""
+    spec: DeltaScanSpec
+    q: relax.Var               # (B, H, L, K) sources, as the region reads them
+    k: relax.Var
+    v: relax.Var               # (B, H, L, V): the factor of v beta
+    beta: relax.Var            # a view of (B, H, L)
+    g: relax.Var               # (B, H, L) log-decay
+    h0: object                 # the initial state var, or None
+    output: relax.Var          # the merged blocks (replaced by the scan's o)
+    final: tuple               # vars that are the final state
+    emit_at: relax.Var
+    region: frozenset
+    inputs: tuple              # what validation draws at random
+
+
+def _below_views(facts, var):
+    """``var`` below its views and zero paddings (the operand it shows)."""
+    while op_name(facts.value.get(var)) in VIEWS:
+        var = facts.value[var].args[0]
+        if not isinstance(var, relax.Var):
+            return None
+    return var
+
+
+def _factors(facts, var):
+    """``[a, b]`` when ``var`` is ``multiply(a, b)`` (each seen below its views), else None."""
+    value = facts.value.get(_below_views(facts, var))
+    if op_name(value) != "relax.multiply" or not all(isinstance(a, relax.Var) for a in value.args):
+        return None
+    return [_view_base(facts, a) for a in value.args]
+
+
+class _Region:
+    def __init__(self, facts, ex, entries, tainted):
+        from .chunked import _region  # pylint: disable=import-outside-toplevel
+        self.facts, self.exit = facts, ex.var
+        self.region = _region(facts, ex.var, tainted, entries)
+        mine = [e for e in entries if e.var in self.region]
+        self.entry_of = VarMap((e.var, e) for e in mine)
+        self.sources = VarMap()
+        for e in mine:
+            self.sources.setdefault(e.source, e.axis)
+        if "relax.cumsum" not in {op_name(facts.value.get(v)) for v in self.region}:
+            raise NotChunkedDelta("no cumsum in it")
+        side = []
+        for v in self.region:
+            for r in facts.reads[v]:
+                if r in self.region or r in self.sources or facts.constant(r) or r in side:
+                    continue
+                side.append(r)
+        self.side = side
+
+
+def _roles(facts, reg):
+    """``(q, k, v, beta, g, k_beta, v_beta)``: the sources' roles, read off their products."""
+    seq = list(reg.sources.keys())
+    ranks = sorted({len(tensor_shape(v)) for v in seq})
+    gates = [v for v in seq if len(tensor_shape(v)) == ranks[0]]
+    data = [v for v in seq if len(tensor_shape(v)) == ranks[-1]]
+    if len(seq) != 5 or len(ranks) != 2 or len(gates) != 1 or len(data) != 4:
+        raise NotChunkedDelta("five blocked tensors")     # (not a delta rule in sight: quiet)
+    g = gates[0]
+    cumsums = [c for c in reg.region if op_name(facts.value.get(c)) == "relax.cumsum"]
+    g_entries = VarMap((e.var, True) for e in reg.entry_of.values() if e.source.same_as(g))
+    if not any(_reads_from(facts, facts.value[c].args[0], g_entries, reg.region) for c in cumsums):
+        raise NotChunkedDelta("its cumsums do not sum its log-decay")
+    products = {}
+    for x in data:
+        f = _factors(facts, x)
+        if f is not None:
+            products[x] = f
+    for kb in products:
+        for vb in products:
+            if kb.same_as(vb):
+                continue
+            for beta in products[kb]:
+                k = next((a for a in products[kb] if not a.same_as(beta)), None)
+                if k is None or not any(k.same_as(d) for d in data) or \
+                        not any(_same_beta(facts, beta, b2) for b2 in products[vb]):
+                    continue
+                v = next((a for a in products[vb] if not _same_beta(facts, beta, a)), None)
+                q = [d for d in data if not any(d.same_as(x) for x in (k, kb, vb))]
+                if v is not None and len(q) == 1:
+                    return q[0], k, v, beta, g, kb, vb
+    raise NotChunkedDelta("no two of its blocked tensors are k beta and v beta of one beta "
+                          "(a chunked delta rule's products)")
+
+
+def _view_base(facts, a):
+    base = _below_views(facts, a)
+    return a if base is None else base
+
+
+def _same_beta(facts, a, b):
+    return a.same_as(b) or _view_base(facts, a).same_as(_view_base(facts, b))
+
+
+def match_region(facts, ex, entries, tainted):
+    """A ``ChunkedDeltaMatch`` for the region ending at exit ``ex``; raises ``NotChunkedDelta``."""
+    reg = _Region(facts, ex, entries, tainted)
+    q, k, v, beta, g, kb, vb = _roles(facts, reg)
+    b, h, length = tensor_shape(g)
+    key, value = tensor_shape(q)[-1], tensor_shape(v)[-1]
+    padded = tensor_shape(ex.var)[2]                   # (blocks of a zero-padded sequence)
+    for x in reg.sources:
+        if reg.sources[x] != 2 or tuple(tensor_shape(x)[:2]) != (b, h) or \
+                tensor_shape(x)[2] not in (length, padded):
+            raise NotChunkedDelta(f"{x.name}: layout {tensor_shape(x)} split on axis {reg.sources[x]}; "
+                                  "the scan reads (B, H, L, .) split on L")
+    if tuple(tensor_shape(ex.var)) != (b, h, padded, value) or tuple(tensor_shape(v)[:3]) != (b, h, length) \
+            or int(np.prod(tensor_shape(beta))) != b * h * length or padded < length:
+        raise NotChunkedDelta(f"its output {tensor_shape(ex.var)} or operands are not (B, H, L, .) "
+                              f"of L = {length}")
+    dtype = tensor_dtype(ex.var)
+    if dtype not in SUPPORTED_DTYPES or any(tensor_dtype(x) != dtype for x in reg.sources):
+        raise NotChunkedDelta(f"dtype {dtype}: one of {'/'.join(SUPPORTED_DTYPES)} is needed throughout")
+    operands = [q, k, v, beta, g, kb, vb]
+    side = [s for s in reg.side if not any(_view_base(facts, s).same_as(x) for x in operands)]
+    states = [s for s in side if tuple(tensor_shape(s) or ()) == (b, h, key, value)]
+    if len(states) != len(side) or len(states) > 1:
+        raise NotChunkedDelta(f"it reads {[s.name for s in side]}: no initial state of a delta rule")
+    h0 = states[0] if states else None
+    probe = _Probe(facts, reg.region, list(reg.sources) + side)
+    rng = np.random.default_rng(11)
+    kv = rng.standard_normal((b, h, length, key))
+    env = VarMap()
+    env[q], env[k] = rng.standard_normal((b, h, length, key)), kv / np.linalg.norm(kv, axis=-1, keepdims=True)
+    vv, bb = rng.standard_normal((b, h, length, value)), rng.uniform(0.05, 1.0, (b, h, length))
+    env[g] = -rng.uniform(0.0, 1.0, (b, h, length))
+    env[kb], env[vb] = (_zero_padded(x * bb[..., None], tensor_shape(y)[2]) for x, y in ((env[k], kb), (vv, vb)))
+    s0 = rng.standard_normal((b, h, key, value)) if h0 is not None else None
+    if h0 is not None:
+        env[h0] = s0
+    interp = probe.evaluator(env)
+    try:
+        got = [np.asarray(interp(ex.var), dtype=np.float64)]
+    except EVAL_ERRORS as err:
+        raise NotChunkedDelta(f"it cannot be evaluated: {error_line(err)}") from None
+    want, last = reference.delta_scan(env[q], env[k], vv, bb, env[g], h0=s0, return_last_state=True)
+    want = _zero_padded(want, padded)               # (padded steps: q = 0, beta = 0, g = 0)
+    if not _close(got[0], want, CHECK_RTOL):
+        raise NotChunkedDelta(f"q = {q.name}, k = {k.name}, v = {v.name}: not equal to the gated "
+                              "delta rule's oracle on random inputs")
+    try:
+        final = _final_state_uses(facts, reg, ex.var, lambda x: np.asarray(interp(x), dtype=np.float64), last)
+    except EVAL_ERRORS as err:
+        raise NotChunkedDelta(f"its final state cannot be evaluated: {error_line(err)}") from None
+    spec = DeltaScanSpec(b, h, length, key, value, "head", h, 1.0, False, False, False, h0 is not None,
+                         bool(final), dtype)
+    emit_at = min([ex.var] + final, key=lambda x: facts.order[x])
+    return ChunkedDeltaMatch(spec, q, k, v, beta, g, h0, ex.var, tuple(final), emit_at,
+                             frozenset(reg.region.keys()), tuple([q, k, v, beta, g] + side))
+
+
+def _final_state_uses(facts, reg, exit_var, value_of, last, budget=64):
+    """The bindings outside the region that read its intermediates, each the final state:
+    followed forward from those reads until a value equals ``last`` (a loop over blocks that
+    returns its final state computes it after the last block, which no output reads)."""
+    frontier, seen, uses = [], VarMap(), []
+    for x in reg.region:
+        if x.same_as(exit_var) or x in reg.entry_of:
+            continue
+        for u in facts.users.get(x, []):
+            target = x if u == "return" else u
+            if (u == "return" or (u not in reg.region and not _dead(facts, u))) and target not in seen:
+                seen[target] = True
+                frontier.append(target)
+    while frontier:
+        v = frontier.pop(0)
+        if _close(value_of(v), last, CHECK_RTOL):
+            uses.append(v)
+            continue
+        users = [u for u in facts.users.get(v, []) if u == "return" or not _dead(facts, u)]
+        if v not in reg.region and users and len(seen) <= len(reg.region) + budget and not any(
+                u == "return" or isinstance(facts.value.get(u), relax.Tuple) for u in users):
+            nxt = [u for u in users if u not in seen]
+            for u in nxt:
+                seen[u] = True
+            frontier += nxt
+            continue
+        raise NotChunkedDelta(f"{v.name} reads its intermediates and is not its final state")
+    return sorted(uses, key=lambda u: facts.order.get(u, -1))
+
+
+def _zero_padded(x, length):
+    """``x`` (B, H, L, .) with zero rows up to ``length``."""
+    width = [(0, 0)] * x.ndim
+    width[2] = (0, length - x.shape[2])
+    return np.pad(x, width)
+
+
+def find_chunked_delta(func):
+    """``[(exit var, ChunkedDeltaMatch | reason)]`` for ``func``'s block-merging reshapes whose
+    region reads five blocked tensors and holds a cumsum (others are ``chunked.py``'s)."""
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+        return []
+    facts = _Facts(func)
+    entries, exits = entries_and_exits(facts.bindings, facts.value)
+    found, walk_by_key = [], {}
+    for ex in reversed(exits):
+        if ex.blocks is None:
+            continue
+        mine = [e for e in entries if e.key == ex.key and e.span is None]
+        if not mine:
+            continue
+        if ex.key not in walk_by_key:
+            walk_by_key[ex.key] = _walk_set(facts, mine)
+        if ex.var not in walk_by_key[ex.key]:
+            continue
+        kept, walk = _region_entries(facts, ex, mine)
+        try:
+            found.append((ex.var, match_region(facts, ex, kept, walk or walk_by_key[ex.key])))
+        except NotChunkedDelta as why:
+            if str(why) not in QUIET:
+                found.append((ex.var, str(why)))
+    return sorted(found, key=lambda p: facts.order[p[0]])
+
+
+def emit_chunked_delta(bb, match, visit):
+    """Emit ``match``'s scan; ``[(old var, new expr)]`` for its output and final-state uses."""
+    spec, emit = match.spec, bb.emit
+    b, h, length = spec.batch, spec.heads, spec.length
+
+    def shaped(x, shape, dtype):
+        x = visit(x)
+        if tuple(tensor_shape(x)) != tuple(shape):
+            x = emit(relax.op.reshape(x, shape))
+        return x if tensor_dtype(x) == dtype else emit(relax.op.astype(x, dtype))
+
+    operands = [shaped(match.q, (b, h, length, spec.key), spec.dtype),
+                shaped(match.k, (b, h, length, spec.key), spec.dtype),
+                shaped(match.v, (b, h, length, spec.value), spec.dtype),
+                shaped(match.beta, (b, h, length), spec.dtype), shaped(match.g, (b, h, length), spec.dtype)]
+    if match.h0 is not None:
+        operands.append(shaped(match.h0, (b, h, spec.key, spec.value), "float32"))
+    got = emit_spec_scan(emit, spec, operands)
+    out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
+    padded = tensor_shape(match.output)[2]
+    if padded > length:             # the region's rows past L: zeros (q = 0 there)
+        out = emit(relax.op.nn.pad(out, [0, 0, 0, 0, 0, padded - length, 0, 0]))
+    if tensor_dtype(out) != tensor_dtype(match.output):
+        out = emit(relax.op.astype(out, tensor_dtype(match.output)))
+    replaced = [(match.output, out)]
+    for var in match.final:
+        x = parts[0]
+        if tuple(tensor_shape(x)) != tuple(tensor_shape(var)):
+            x = emit(relax.op.reshape(x, tensor_shape(var)))
+        replaced.append((var, x if tensor_dtype(x) == tensor_dtype(var) else emit(relax.op.astype(x, tensor_dtype(var)))))
+    return replaced
