@@ -166,7 +166,10 @@ def match_region(facts, ex, entries, tainted):
     if dtype not in SUPPORTED_DTYPES or any(tensor_dtype(x) != dtype for x in reg.sources):
         raise NotChunkedDelta(f"dtype {dtype}: one of {'/'.join(SUPPORTED_DTYPES)} is needed throughout")
     operands = [q, k, v, beta, g, kb, vb]
-    side = [s for s in reg.side if not any(_view_base(facts, s).same_as(x) for x in operands)]
+    side = []                    # what else it reads, below views (an initial state, broadcast)
+    for base in (_view_base(facts, s) for s in reg.side):
+        if not any(base.same_as(x) for x in operands + side):
+            side.append(base)
     states = [s for s in side if tuple(tensor_shape(s) or ()) == (b, h, key, value)]
     if len(states) != len(side) or len(states) > 1:
         raise NotChunkedDelta(f"it reads {[s.name for s in side]}: no initial state of a delta rule")
