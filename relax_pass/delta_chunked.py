@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
+from tvm.ir.expr import GenericConst
 
 from scanweaver_core import reference
 from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, tensor_shape
@@ -105,16 +106,24 @@ class _Region:
 def _roles(facts, reg):
     """``(q, k, v, beta, g, k_beta, v_beta)``: the sources' roles, read off their products."""
     seq = list(reg.sources.keys())
-    ranks = sorted({len(tensor_shape(v)) for v in seq})
-    gates = [v for v in seq if len(tensor_shape(v)) == ranks[0]]
-    data = [v for v in seq if len(tensor_shape(v)) == ranks[-1]]
-    if len(seq) != 5 or len(ranks) != 2 or len(gates) != 1 or len(data) != 4:
+    if len(seq) != 5:
         raise NotChunkedDelta("five blocked tensors")     # (not a delta rule in sight: quiet)
-    g = gates[0]
-    cumsums = [c for c in reg.region if op_name(facts.value.get(c)) == "relax.cumsum"]
-    g_entries = VarMap((e.var, True) for e in reg.entry_of.values() if e.source.same_as(g))
-    if not any(_reads_from(facts, facts.value[c].args[0], g_entries, reg.region) for c in cumsums):
-        raise NotChunkedDelta("its cumsums do not sum its log-decay")
+    cumsums = [c for c in reg.region if op_name(facts.value.get(c)) == "relax.cumsum"
+               and tensor_dtype(c).startswith(("float", "bfloat"))]      # (not positions' int cumsums)
+    summed = []
+    for x in seq:
+        entries = VarMap((e.var, True) for e in reg.entry_of.values() if e.source.same_as(x))
+        if any(_reads_from(facts, facts.value[c].args[0], entries, reg.region) for c in cumsums):
+            summed.append(x)
+    if not summed:
+        raise NotChunkedDelta("no cumsum in it")         # (of its blocks: quiet)
+    if len(summed) != 1:
+        raise NotChunkedDelta(f"its cumsums sum {len(summed)} of its blocked tensors (a chunked delta "
+                              "rule sums its log-decay alone)")
+    g = summed[0]
+    data = [x for x in seq if not x.same_as(g)]
+    if len({len(tensor_shape(x)) for x in data}) != 1 or len(tensor_shape(g)) > len(tensor_shape(data[0])):
+        raise NotChunkedDelta("its data tensors are not q, k, k beta, v beta of one rank")
     products = {}
     for x in data:
         f = _factors(facts, x)
@@ -147,11 +156,26 @@ def _same_beta(facts, a, b):
 
 
 def match_region(facts, ex, entries, tainted):
-    """A ``ChunkedDeltaMatch`` for the region ending at exit ``ex``; raises ``NotChunkedDelta``."""
+    """A ``ChunkedDeltaMatch`` for the region ending at exit ``ex``; raises ``NotChunkedDelta``
+    (with the region, when it got that far, as ``.region``)."""
     reg = _Region(facts, ex, entries, tainted)
+    try:
+        return _match(facts, ex, reg)
+    except NotChunkedDelta as why:
+        why.region = reg.region
+        raise
+
+
+def _match(facts, ex, reg):
     q, k, v, beta, g, kb, vb = _roles(facts, reg)
-    b, h, length = tensor_shape(g)
+    b, h, length = tensor_shape(g)[:3]
     key, value = tensor_shape(q)[-1], tensor_shape(v)[-1]
+    decay = "key" if len(tensor_shape(g)) == 4 else "head"
+    if decay == "key" and tensor_shape(g)[3] != key:
+        raise NotChunkedDelta(f"its log-decay {tensor_shape(g)} is neither per head nor per key")
+    q_origin = _unpadded_origin(facts, q, length)
+    if q_origin is None:
+        raise NotChunkedDelta(f"q {q.name} is read padded, and not as a scaled padding of a tensor of L = {length}")
     padded = tensor_shape(ex.var)[2]                   # (blocks of a zero-padded sequence)
     for x in reg.sources:
         if reg.sources[x] != 2 or tuple(tensor_shape(x)[:2]) != (b, h) or \
@@ -178,9 +202,10 @@ def match_region(facts, ex, entries, tainted):
     rng = np.random.default_rng(11)
     kv = rng.standard_normal((b, h, length, key))
     env = VarMap()
-    env[q], env[k] = rng.standard_normal((b, h, length, key)), kv / np.linalg.norm(kv, axis=-1, keepdims=True)
+    qv = rng.standard_normal((b, h, length, key))
+    env[q], env[k] = _zero_padded(qv, tensor_shape(q)[2]), kv / np.linalg.norm(kv, axis=-1, keepdims=True)
     vv, bb = rng.standard_normal((b, h, length, value)), rng.uniform(0.05, 1.0, (b, h, length))
-    env[g] = -rng.uniform(0.0, 1.0, (b, h, length))
+    env[g] = -rng.uniform(0.0, 1.0, tuple(tensor_shape(g)))
     env[kb], env[vb] = (_zero_padded(x * bb[..., None], tensor_shape(y)[2]) for x, y in ((env[k], kb), (vv, vb)))
     s0 = rng.standard_normal((b, h, key, value)) if h0 is not None else None
     if h0 is not None:
@@ -190,7 +215,7 @@ def match_region(facts, ex, entries, tainted):
         got = [np.asarray(interp(ex.var), dtype=np.float64)]
     except EVAL_ERRORS as err:
         raise NotChunkedDelta(f"it cannot be evaluated: {error_line(err)}") from None
-    want, last = reference.delta_scan(env[q], env[k], vv, bb, env[g], h0=s0, return_last_state=True)
+    want, last = reference.delta_scan(qv, env[k], vv, bb, env[g], h0=s0, return_last_state=True)
     want = _zero_padded(want, padded)               # (padded steps: q = 0, beta = 0, g = 0)
     if not _close(got[0], want, CHECK_RTOL):
         raise NotChunkedDelta(f"q = {q.name}, k = {k.name}, v = {v.name}: not equal to the gated "
@@ -199,11 +224,11 @@ def match_region(facts, ex, entries, tainted):
         final = _final_state_uses(facts, reg, ex.var, lambda x: np.asarray(interp(x), dtype=np.float64), last)
     except EVAL_ERRORS as err:
         raise NotChunkedDelta(f"its final state cannot be evaluated: {error_line(err)}") from None
-    spec = DeltaScanSpec(b, h, length, key, value, "head", h, 1.0, False, False, False, h0 is not None,
+    spec = DeltaScanSpec(b, h, length, key, value, decay, h, 1.0, False, False, False, h0 is not None,
                          bool(final), dtype)
     emit_at = min([ex.var] + final, key=lambda x: facts.order[x])
     return ChunkedDeltaMatch(spec, q, k, v, beta, g, h0, ex.var, tuple(final), emit_at,
-                             frozenset(reg.region.keys()), tuple([q, k, v, beta, g] + side))
+                             frozenset(reg.region.keys()), tuple([q_origin, k, v, beta, g] + side))
 
 
 def _final_state_uses(facts, reg, exit_var, value_of, last, budget=64):
@@ -236,6 +261,28 @@ def _final_state_uses(facts, reg, exit_var, value_of, last, budget=64):
     return sorted(uses, key=lambda u: facts.order.get(u, -1))
 
 
+def _unpadded_origin(facts, x, length, budget=6):
+    """``x`` itself when its time extent is ``length``, else the tensor of that length it is a
+    scaled zero padding of (``pad(q) * scale``: the operand validation draws), or None."""
+    for _ in range(budget):
+        if tensor_shape(x)[2] == length:
+            return x
+        value = facts.value.get(x)
+        name = op_name(value)
+        if name in ("relax.nn.pad", "relax.astype"):
+            x = value.args[0]
+        elif name in ("relax.multiply", "relax.divide"):
+            tensors = [a for a in value.args if not isinstance(a, GenericConst)]
+            if len(tensors) != 1 or not tensors[0].same_as(value.args[0]):
+                return None
+            x = tensors[0]
+        else:
+            return None
+        if not isinstance(x, relax.Var):
+            return None
+    return None
+
+
 def _zero_padded(x, length):
     """``x`` (B, H, L, .) with zero rows up to ``length``."""
     width = [(0, 0)] * x.ndim
@@ -266,7 +313,10 @@ def find_chunked_delta(func):
             found.append((ex.var, match_region(facts, ex, kept, walk or walk_by_key[ex.key])))
         except NotChunkedDelta as why:
             if str(why) not in QUIET:
-                found.append((ex.var, str(why)))
+                found.append((ex.var, why))
+    covered = VarMap((v, True) for _, m in found if isinstance(m, ChunkedDeltaMatch) for v in m.region)
+    found = [(v, m if isinstance(m, ChunkedDeltaMatch) else str(m)) for v, m in found   # (a region around
+             if isinstance(m, ChunkedDeltaMatch) or not any(x in covered for x in getattr(m, "region", ()))]  # a match)
     return sorted(found, key=lambda p: facts.order[p[0]])
 
 
@@ -275,16 +325,20 @@ def emit_chunked_delta(bb, match, visit):
     spec, emit = match.spec, bb.emit
     b, h, length = spec.batch, spec.heads, spec.length
 
-    def shaped(x, shape, dtype):
-        x = visit(x)
+    def shaped(x, shape, dtype, visited=False):
+        x = x if visited else visit(x)
         if tuple(tensor_shape(x)) != tuple(shape):
             x = emit(relax.op.reshape(x, shape))
         return x if tensor_dtype(x) == dtype else emit(relax.op.astype(x, dtype))
 
-    operands = [shaped(match.q, (b, h, length, spec.key), spec.dtype),
+    q = visit(match.q)
+    if tensor_shape(q)[2] != length:          # (scaled after its padding: the rows past L are 0)
+        q = emit(relax.op.strided_slice(q, axes=[2], begin=[0], end=[length]))
+    operands = [shaped(q, (b, h, length, spec.key), spec.dtype, visited=True),
                 shaped(match.k, (b, h, length, spec.key), spec.dtype),
                 shaped(match.v, (b, h, length, spec.value), spec.dtype),
-                shaped(match.beta, (b, h, length), spec.dtype), shaped(match.g, (b, h, length), spec.dtype)]
+                shaped(match.beta, (b, h, length), spec.dtype),
+                shaped(match.g, (b, h, length) + ((spec.key,) if spec.decay == "key" else ()), spec.dtype)]
     if match.h0 is not None:
         operands.append(shaped(match.h0, (b, h, spec.key, spec.value), "float32"))
     got = emit_spec_scan(emit, spec, operands)

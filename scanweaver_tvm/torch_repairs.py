@@ -68,6 +68,19 @@ def convert_exp2(node, importer):
     return emit(relax.op.astype(out, dtype)) if dtype != wide else out
 
 
+def convert_topk(node, importer):
+    """``aten.topk`` with ``sorted=False`` too (TVM's converter refuses it; MoE routers ask for
+    it): the sorted result is one of the orders an unsorted topk may return (PyTorch leaves the
+    order unspecified), so a model correct under PyTorch reads it alike."""
+    x = importer.env[node.args[0]]
+    args = list(node.args) + [None] * (5 - len(node.args))
+    k = args[1] if args[1] is not None else node.kwargs.get("k", 1)
+    dim = args[2] if args[2] is not None else node.kwargs.get("dim", -1)
+    largest = args[3] if args[3] is not None else node.kwargs.get("largest", True)
+    return importer.block_builder.emit(relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both",
+                                                     dtype="int64"))
+
+
 def convert_group_norm(node, importer):
     """``aten.native_group_norm``: TVM's converter, with a missing weight (bias) as ones (zeros)."""
     x = importer.env[node.args[0]]

@@ -129,3 +129,64 @@ def test_hf_qwen3_next_gated_deltanet_layer_is_one_scan(torch_path):
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.numpy()
     assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)
+
+
+# ---------------------------------------------------------------- KDA (Kimi Linear): a decay per key
+
+from transformers.models.kimi_linear import modeling_kimi_linear  # noqa: E402
+
+KIMI_TORCH_PATH = {n: inspect.unwrap(getattr(modeling_kimi_linear, n)) for n in (
+    "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn")
+    if hasattr(modeling_kimi_linear, n)}
+
+
+class ChunkedKDA(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, g, beta, *state):
+        fn = KIMI_TORCH_PATH["chunk_kimi_delta_attention"]
+        out = fn(q, k, v, g, beta, initial_state=state[0] if state else None, **self.kwargs)
+        return tuple(o for o in out if o is not None)
+
+
+@pytest.mark.parametrize("length,state", [(10, False), (8, True)])
+def test_kimi_chunk_kda_per_key_decay(length, state):
+    """q scaled after its padding (``pad(q) * K^-1/2``), the decay per key."""
+    r = _rand(4)
+    args = (r(1, length, 2, 4), r(1, length, 2, 4), r(1, length, 2, 5), F.logsigmoid(r(1, length, 2, 4)),
+            r(1, length, 2).sigmoid()) + ((r(1, 2, 4, 5),) if state else ())
+    model = ChunkedKDA(chunk_size=4, use_qk_l2norm_in_kernel=True, output_final_state=True)
+    mod = sw.from_torch(model, args)
+    found = sw.find_recurrences(mod, include_rejected=True)
+    assert [(r.form, r.rejected, r.length) for r in found] == [("delta", False, length)], found
+    assert found[0].chunked_delta.spec.decay == "key"
+    with torch.no_grad():
+        want = [t.numpy() for t in model(*args)]
+    assert_outputs_match(run_model(mod, list(args)), want, rtol=1e-4)
+
+
+@pytest.fixture()
+def kimi_torch_path(monkeypatch):
+    for name, fn in KIMI_TORCH_PATH.items():
+        monkeypatch.setattr(modeling_kimi_linear, name, fn)
+
+
+def test_hf_kimi_linear_kda_layer_is_one_scan(kimi_torch_path):
+    """Kimi Linear tiny (a KDA layer, an MLA layer, MoE routed with ``topk(sorted=False)``)."""
+    torch.manual_seed(0)
+    cfg = transformers.KimiLinearConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16,
+        qk_nope_head_dim=16, num_local_experts=4, num_experts_per_tok=2, linear_head_dim=16, linear_num_heads=2,
+        layer_types=["linear_attention", "full_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = transformers.KimiLinearForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(2))
+    mod = sw.from_torch(model, (ids,))
+    found = [r for r in sw.find_recurrences(mod, include_rejected=True) if r.form == "delta"]
+    assert [(r.rejected, r.length) for r in found] == [(False, 20)], found
+    assert found[0].chunked_delta.spec.decay == "key"
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.numpy()
+    assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)

@@ -168,3 +168,19 @@ def test_logcumsumexp_dynamic_length_compiles_once():
         got = got[0] if not hasattr(got, "numpy") else got
         np.testing.assert_allclose(got.numpy(), torch.logcumsumexp(x, dim=1).numpy(), rtol=1e-6, atol=1e-4)
     sw.compile(mod, {"kind": "cuda", "arch": "sm_90"})
+
+
+class UnsortedTopK(nn.Module):
+    """A router as MoE layers write it: ``topk(sorted=False)``, weights gathered by index and
+    summed (order-free, as any correct reader of an unsorted topk is)."""
+
+    def forward(self, x, w):
+        scores, idx = torch.topk(x, 3, dim=-1, sorted=False)
+        return (scores.softmax(-1)[..., None] * w[idx]).sum(-2)
+
+
+def test_unsorted_topk_is_imported():
+    args = (torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)),
+            torch.randn(8, 4, generator=torch.Generator().manual_seed(1)))
+    model = UnsortedTopK().eval()
+    assert_outputs_match(run_model(sw.from_torch(model, args), list(args)), torch_outputs(model, args), rtol=1e-5)
