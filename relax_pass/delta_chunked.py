@@ -170,7 +170,7 @@ def _match(facts, ex, reg):
     q, k, v, beta, g, kb, vb = _roles(facts, reg)
     b, h, length = tensor_shape(g)[:3]
     key, value = tensor_shape(q)[-1], tensor_shape(v)[-1]
-    decay = "key" if len(tensor_shape(g)) == 4 else "head"
+    decay = "key" if len(tensor_shape(g)) == 4 and tensor_shape(g)[3] != 1 else "head"   # ((B, H, L, 1): per head)
     if decay == "key" and tensor_shape(g)[3] != key:
         raise NotChunkedDelta(f"its log-decay {tensor_shape(g)} is neither per head nor per key")
     q_origin = _unpadded_origin(facts, q, length)
@@ -206,6 +206,7 @@ def _match(facts, ex, reg):
     env[q], env[k] = _zero_padded(qv, tensor_shape(q)[2]), kv / np.linalg.norm(kv, axis=-1, keepdims=True)
     vv, bb = rng.standard_normal((b, h, length, value)), rng.uniform(0.05, 1.0, (b, h, length))
     env[g] = -rng.uniform(0.0, 1.0, tuple(tensor_shape(g)))
+    g_scan = env[g].reshape(b, h, length) if decay == "head" else env[g]
     env[kb], env[vb] = (_zero_padded(x * bb[..., None], tensor_shape(y)[2]) for x, y in ((env[k], kb), (vv, vb)))
     s0 = rng.standard_normal((b, h, key, value)) if h0 is not None else None
     if h0 is not None:
@@ -215,7 +216,7 @@ def _match(facts, ex, reg):
         got = [np.asarray(interp(ex.var), dtype=np.float64)]
     except EVAL_ERRORS as err:
         raise NotChunkedDelta(f"it cannot be evaluated: {error_line(err)}") from None
-    want, last = reference.delta_scan(qv, env[k], vv, bb, env[g], h0=s0, return_last_state=True)
+    want, last = reference.delta_scan(qv, env[k], vv, bb, g_scan, h0=s0, return_last_state=True)
     want = _zero_padded(want, padded)               # (padded steps: q = 0, beta = 0, g = 0)
     if not _close(got[0], want, CHECK_RTOL):
         raise NotChunkedDelta(f"q = {q.name}, k = {k.name}, v = {v.name}: not equal to the gated "

@@ -190,3 +190,21 @@ def test_hf_kimi_linear_kda_layer_is_one_scan(kimi_torch_path):
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.numpy()
     assert_outputs_match(run_model(mod, [ids]), [want], rtol=1e-4)
+
+
+def test_fla_naive_chunk_gated_delta_rule():
+    """fla-core's own chunked reference (a (B, H, L, 1) log-decay), initial and final state."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
+    r = _rand(5)
+    args = (r(1, 8, 2, 4), F.normalize(r(1, 8, 2, 4), dim=-1), r(1, 8, 2, 5), r(1, 8, 2).sigmoid(),
+            F.logsigmoid(r(1, 8, 2)), r(1, 2, 4, 5))
+
+    class Fn(torch.nn.Module):
+        def forward(self, q, k, v, beta, g, h0):
+            return naive.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=4, initial_state=h0,
+                                                      output_final_state=True)
+
+    _check(Fn(), args, 8, final=True)
