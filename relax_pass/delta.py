@@ -37,6 +37,10 @@ from .stabilized import RTOL, NotStabilized, _analysis, _users
 __all__ = ["DeltaMatch", "find_delta", "find_delta_scans", "emit_delta"]
 
 
+# refusals before the step is seen to be a linear map of the state: no delta rule in sight
+QUIET = ("no readout of it is stacked", "is not a linear map of the previous")
+
+
 class NotDelta(Exception):
     """The loop is not a delta-rule scan (the message says why)."""
 
@@ -341,7 +345,8 @@ def find_delta(func, value, users):
             an = an or _analysis(bindings)
             found.append((chain[0], _build(reader, chain, an)))
         except (NotDelta, NotStabilized) as err:
-            found.append((chain[0], str(err)))
+            if not any(q in str(err) for q in QUIET):
+                found.append((chain[0], str(err)))
         except EVAL_ERRORS + (NotLiftable,) as err:
             found.append((chain[0], f"could not be read: {type(err).__name__}: {err}"))
     return found

@@ -90,10 +90,12 @@ def fuse(mod, cumulative=False):
     (``validate.py``); one that fails validation is marked rejected with the reason and left
     exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
-        first = find_chunked_mlstm_scans(mod) + find_chunked_delta_scans(mod)   # (their chunk loops
-        # are no RWKV loop, no plain matrix scan)
-        if any(not r.rejected for r in first):
-            mod, first = _fuse(mod, first)
+        first = []
+        for finder in (find_chunked_mlstm_scans, find_chunked_delta_scans):   # (their chunk loops
+            found = finder(mod)                       # are no RWKV loop, no plain matrix scan)
+            if any(not r.rejected for r in found):
+                mod, found = _fuse(mod, found)
+            first += found
         chunked = find_chunked_scans(mod)
         if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains
             mod, chunked = _fuse(mod, chunked)

@@ -461,14 +461,15 @@ def test_one_step_is_left_as_it_is_and_equal_to_pytorch():
 
 
 # -- near misses ---------------------------------------------------------------------------------
-def test_delta_rule_is_left_alone_and_equal_to_pytorch():
+def test_delta_rule_is_one_delta_scan_and_equal_to_pytorch():
     """The delta rule's update ``(I - beta k k^T) S + beta k v^T`` has a matrix coefficient:
-    no scan is made of it (the chain finder reads no affine chain), and it computes what
-    PyTorch does."""
+    no affine or matrix scan is made of it; it is one delta-rule scan (``relax_pass/delta.py``),
+    and it computes what PyTorch does."""
     model, args = _model("delta_rule"), _inputs("delta_rule")
     mod = sw.from_torch(model, args)
     fused, recs = fuse(mod)
-    assert not [r for r in recs if not r.rejected] and "scanweaver" not in fused["main"].script()
+    assert [(r.form, r.rejected) for r in recs if not r.rejected] == [("delta", False)], recs
+    assert "scanweaver.delta_scan" in fused["main"].script()
     _close(run_model(mod, args), _want(model, args), rtol=1e-5)
 
 
