@@ -33,9 +33,9 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 
-from .chunked import _dead, _Facts, _Probe, entries_and_exits
+from .chunked import _dead, _Probe
 from .interpret import EVAL_ERRORS
-from .mlstm_chunked import _close, _reads_from, _region_entries, _walk_set
+from .mlstm_chunked import _close, _reads_from, region_attempts
 
 __all__ = ["ChunkedDeltaMatch", "NotChunkedDelta", "find_chunked_delta", "emit_chunked_delta"]
 
@@ -292,28 +292,10 @@ def _zero_padded(x, length):
 
 def find_chunked_delta(func):
     """``[(exit var, ChunkedDeltaMatch | reason)]`` for ``func``'s block-merging reshapes whose
-    region reads five blocked tensors and holds a cumsum (others are ``chunked.py``'s)."""
-    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-        return []
-    facts = _Facts(func)
-    entries, exits = entries_and_exits(facts.bindings, facts.value)
-    found, walk_by_key = [], {}
-    for ex in reversed(exits):
-        if ex.blocks is None:
-            continue
-        mine = [e for e in entries if e.key == ex.key and e.span is None]
-        if not mine:
-            continue
-        if ex.key not in walk_by_key:
-            walk_by_key[ex.key] = _walk_set(facts, mine)
-        if ex.var not in walk_by_key[ex.key]:
-            continue
-        kept, walk = _region_entries(facts, ex, mine)
-        try:
-            found.append((ex.var, match_region(facts, ex, kept, walk or walk_by_key[ex.key])))
-        except NotChunkedDelta as why:
-            if str(why) not in QUIET:
-                found.append((ex.var, why))
+    region is a chunked delta rule, or one in sight that is not (quiet refusals and the regions
+    around a match are left out)."""
+    facts, attempts = region_attempts(func, match_region, NotChunkedDelta)
+    found = [(v, m) for v, m in attempts if isinstance(m, ChunkedDeltaMatch) or str(m) not in QUIET]
     covered = VarMap((v, True) for _, m in found if isinstance(m, ChunkedDeltaMatch) for v in m.region)
     found = [(v, m if isinstance(m, ChunkedDeltaMatch) else str(m)) for v, m in found   # (a region around
              if isinstance(m, ChunkedDeltaMatch) or not any(x in covered for x in getattr(m, "region", ()))]  # a match)

@@ -14,6 +14,8 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
+import numpy as np
+
 from .interpret import const_ints
 
 
@@ -226,3 +228,27 @@ class Lifter:
 
 def dims_after_time(e, tax):
     return len(tensor_shape(e)) - 1 - tax
+
+
+def head_major_sequence(lifter, emit, expr, lead, length, last, dtype, what):
+    """``expr`` (one step's operand) lifted to every step as ``(*lead, length[, last])`` in
+    ``dtype``: time moved after the ``lead`` dims (batch, heads), then reshaped.  What cannot be
+    laid out so raises ``ValueError`` naming ``what`` (the rewrite is then refused, not crashed)."""
+    from scanweaver_core.exprs import tensor_dtype  # pylint: disable=import-outside-toplevel
+
+    try:
+        e, tax = lifter.lift(expr)
+    except NotLiftable as err:
+        raise ValueError(f"{what} cannot be lifted to the whole sequence: {err}") from None
+    if tax is None:
+        raise ValueError(f"{what} does not vary over time")
+    shape, at = tensor_shape(e), len(lead)
+    if tax != at:
+        rest = [d for d in range(len(shape)) if d != tax]
+        e = emit(relax.op.permute_dims(e, rest[:at] + [tax] + rest[at:]))
+    want = tuple(lead) + (length,) + ((last,) if last else ())
+    if tuple(tensor_shape(e)) != want:
+        if int(np.prod(tensor_shape(e))) != int(np.prod(want)):
+            raise ValueError(f"{what} has shape {tensor_shape(e)}, not {want}")
+        e = emit(relax.op.reshape(e, want))
+    return e if tensor_dtype(e) == dtype else emit(relax.op.astype(e, dtype))

@@ -38,7 +38,7 @@ from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from .interpret import EVAL_ERRORS, Interpreter, random_input
-from .lift import Lifter, NotLiftable
+from .lift import Lifter, NotLiftable, head_major_sequence
 from .stabilized import RTOL, NotStabilized, _analysis, _Reader
 
 __all__ = ["MLSTMMatch", "find_mlstm", "find_mlstm_scans", "emit_mlstm"]
@@ -422,19 +422,7 @@ def emit_mlstm(bb, match, visit):
     b, h, length = spec.batch, spec.heads, spec.length
 
     def seq(expr, last, what):
-        e, tax = lifter.lift(expr)
-        if tax is None:
-            raise NotMLSTM(f"{what} does not vary over time")
-        shape = tensor_shape(e)
-        if tax != 2:
-            rest = [d for d in range(len(shape)) if d != tax]
-            e = emit(relax.op.permute_dims(e, rest[:2] + [tax] + rest[2:]))
-        want = (b, h, length) + ((last,) if last else ())
-        if tuple(tensor_shape(e)) != want:
-            if int(np.prod(tensor_shape(e))) != int(np.prod(want)):
-                raise NotMLSTM(f"{what} has shape {tensor_shape(e)}, not {want}")
-            e = emit(relax.op.reshape(e, want))
-        return e if tensor_dtype(e) == spec.dtype else emit(relax.op.astype(e, spec.dtype))
+        return head_major_sequence(lifter, emit, expr, (b, h), length, last, spec.dtype, what)
 
     def state(expr, shape):
         e = visit(expr)
@@ -455,7 +443,7 @@ def emit_mlstm(bb, match, visit):
     if match.out_axis != 2:
         perm = {0: [2, 0, 1, 3], 1: [0, 2, 1, 3], 3: [0, 1, 3, 2]}.get(match.out_axis)
         if perm is None or len(target) != 4:
-            raise NotMLSTM(f"the output stacks along axis {match.out_axis} of {target}")
+            raise ValueError(f"the output stacks along axis {match.out_axis} of {target}")
         out = emit(relax.op.permute_dims(out, perm))
     if tuple(tensor_shape(out)) != target:
         out = emit(relax.op.reshape(out, target))

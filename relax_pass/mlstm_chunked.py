@@ -332,15 +332,15 @@ def _region_entries(facts, ex, entries):
     return kept, (_walk_set(facts, kept) if len(kept) < len(entries) else None)
 
 
-def find_chunked_mlstm(func):
-    """``[(exit var, ChunkedMLSTMMatch | reason)]`` for ``func``'s block-merging reshapes whose
-    region is a chunkwise mLSTM (a region without a max and five blocked tensors is not
-    reported: it is ``chunked.py``'s)."""
+def region_attempts(func, match, refusal):
+    """``(facts, [(exit var, match | refusal)])``: ``match(facts, exit, entries, walk set)`` tried at
+    every block-merging reshape of ``func`` whose blocks its time-splitting reshapes make (the
+    regions of the chunked finders; a ``refusal`` raised is kept as the attempt's result)."""
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-        return []
+        return None, []
     facts = _Facts(func)
     entries, exits = entries_and_exits(facts.bindings, facts.value)
-    found, walk_by_key = [], {}
+    out, walk_by_key = [], {}
     for ex in reversed(exits):
         if ex.blocks is None:
             continue
@@ -353,10 +353,20 @@ def find_chunked_mlstm(func):
             continue
         kept, walk = _region_entries(facts, ex, mine)
         try:
-            found.append((ex.var, match_region(facts, ex, kept, walk or walk_by_key[ex.key])))
-        except NotChunkedMLSTM as why:
-            if "no cumsum, maximum" not in str(why) and "blocked tensors" not in str(why):
-                found.append((ex.var, str(why)))
+            out.append((ex.var, match(facts, ex, kept, walk or walk_by_key[ex.key])))
+        except refusal as why:
+            out.append((ex.var, why))
+    return facts, out
+
+
+def find_chunked_mlstm(func):
+    """``[(exit var, ChunkedMLSTMMatch | reason)]`` for ``func``'s block-merging reshapes whose
+    region is a chunkwise mLSTM (a region without a max and five blocked tensors is not
+    reported: it is ``chunked.py``'s)."""
+    facts, attempts = region_attempts(func, match_region, NotChunkedMLSTM)
+    found = [(v, m if isinstance(m, ChunkedMLSTMMatch) else str(m)) for v, m in attempts
+             if isinstance(m, ChunkedMLSTMMatch) or ("no cumsum, maximum" not in str(m)
+                                                     and "blocked tensors" not in str(m))]
     return sorted(found, key=lambda p: facts.order[p[0]])
 
 
