@@ -30,7 +30,7 @@ from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 
 from .interpret import EVAL_ERRORS, random_input
-from .lift import Lifter, NotLiftable, head_major_sequence
+from .lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
 from .mlstm import _args, _closure, _MReader, _Probe
 from .stabilized import RTOL, NotStabilized, _analysis, _users
 
@@ -446,22 +446,9 @@ def emit_delta(bb, match, visit):
     operands.append(s0 if tensor_dtype(s0) == "float32" else emit(relax.op.astype(s0, "float32")))
     got = emit_spec_scan(emit, spec, operands)
     out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
-    target = tuple(tensor_shape(match.output))
-    if match.out_axis != 2:
-        perm = {0: [2, 0, 1, 3], 1: [0, 2, 1, 3], 3: [0, 1, 3, 2]}.get(match.out_axis)
-        if perm is None or len(target) != 4:
-            raise ValueError(f"the output stacks along axis {match.out_axis} of {target}")
-        out = emit(relax.op.permute_dims(out, perm))
-    if tuple(tensor_shape(out)) != target:
-        out = emit(relax.op.reshape(out, target))
-    if tensor_dtype(out) != tensor_dtype(match.output):
-        out = emit(relax.op.astype(out, tensor_dtype(match.output)))
-    replaced = [(match.output, out)]
+    replaced = [(match.output, as_stacked_output(emit, out, match.output, match.out_axis))]
     last = match.steps[-1].S
-    for new in parts:
-        if tensor_dtype(last) != "float32":
-            new = emit(relax.op.astype(new, tensor_dtype(last)))
-        replaced.append((last, new))
+    replaced += [(last, as_value_of(emit, new, last)) for new in parts]
     return replaced
 
 

@@ -252,3 +252,25 @@ def head_major_sequence(lifter, emit, expr, lead, length, last, dtype, what):
             raise ValueError(f"{what} has shape {tensor_shape(e)}, not {want}")
         e = emit(relax.op.reshape(e, want))
     return e if tensor_dtype(e) == dtype else emit(relax.op.astype(e, dtype))
+
+
+def as_stacked_output(emit, out, output, out_axis):
+    """A scan's (B, H, L, V) ``out`` laid out as the per-step readouts were stacked into
+    ``output`` (time on ``out_axis``, maybe merged with V), in its dtype; ``ValueError`` when
+    that layout is none of those."""
+    target = tuple(tensor_shape(output))
+    if out_axis != 2:
+        perm = {0: [2, 0, 1, 3], 1: [0, 2, 1, 3], 3: [0, 1, 3, 2]}.get(out_axis)
+        if perm is None or len(target) != 4:
+            raise ValueError(f"the output stacks along axis {out_axis} of {target}")
+        out = emit(relax.op.permute_dims(out, perm))
+    return as_value_of(emit, out, output)
+
+
+def as_value_of(emit, new, old):
+    """``new`` reshaped and cast to ``old``'s shape and dtype (what replaces ``old``)."""
+    from scanweaver_core.exprs import tensor_dtype  # pylint: disable=import-outside-toplevel
+
+    if tuple(tensor_shape(new)) != tuple(tensor_shape(old)):
+        new = emit(relax.op.reshape(new, tensor_shape(old)))
+    return new if tensor_dtype(new) == tensor_dtype(old) else emit(relax.op.astype(new, tensor_dtype(old)))

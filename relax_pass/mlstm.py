@@ -38,7 +38,7 @@ from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from .interpret import EVAL_ERRORS, Interpreter, random_input
-from .lift import Lifter, NotLiftable, head_major_sequence
+from .lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
 from .stabilized import RTOL, NotStabilized, _analysis, _Reader
 
 __all__ = ["MLSTMMatch", "find_mlstm", "find_mlstm_scans", "emit_mlstm"]
@@ -439,24 +439,10 @@ def emit_mlstm(bb, match, visit):
     operands += [state(prev[n], shapes[n]) for n in spec.state_names()]
     got = emit_spec_scan(emit, spec, operands)
     out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
-    target = tuple(tensor_shape(match.output))
-    if match.out_axis != 2:
-        perm = {0: [2, 0, 1, 3], 1: [0, 2, 1, 3], 3: [0, 1, 3, 2]}.get(match.out_axis)
-        if perm is None or len(target) != 4:
-            raise ValueError(f"the output stacks along axis {match.out_axis} of {target}")
-        out = emit(relax.op.permute_dims(out, perm))
-    if tuple(tensor_shape(out)) != target:
-        out = emit(relax.op.reshape(out, target))
-    if tensor_dtype(out) != tensor_dtype(match.output):
-        out = emit(relax.op.astype(out, tensor_dtype(match.output)))
-    replaced = [(match.output, out)]
+    replaced = [(match.output, as_stacked_output(emit, out, match.output, match.out_axis))]
     last = match.steps[-1]
-    for old, new in zip([x for x in (last.C, last.n, last.m) if x is not None], parts):
-        if tuple(tensor_shape(old)) != tuple(tensor_shape(new)):
-            new = emit(relax.op.reshape(new, tensor_shape(old)))
-        if tensor_dtype(old) != "float32":
-            new = emit(relax.op.astype(new, tensor_dtype(old)))
-        replaced.append((old, new))
+    replaced += [(old, as_value_of(emit, new, old))
+                 for old, new in zip([x for x in (last.C, last.n, last.m) if x is not None], parts)]
     return replaced
 
 
