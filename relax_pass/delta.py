@@ -5,7 +5,8 @@ fla-core's naive recurrent kernels (delta rule, gated delta rule, KDA, Comba), t
 (``kv = (S * k[..., None]).sum(-2)``, ``S = S + k[..., None] * ((v - kv) * beta)[..., None, :]``,
 or matmul/einsum forms) carry one (B, H, K, V) state whose coefficient is a matrix,
 ``S_t = (I - beta_t k_t p_t^T) D_t S_(t-1) + beta_t k_t v_t^T``: not affine per element, so
-the chain finder does not take it; it is one delta scan.
+the chain finder does not take it; it is one delta scan.  fla's DPLR / IPLR loops and RWKV-7's
+``S_t = (D_t + b_t a_t^T) S_(t-1) + k_t v_t^T`` are the same scan with the DPLR rule.
 
 How a loop is read (``find_delta``):
 
@@ -16,7 +17,8 @@ How a loop is read (``find_delta``):
 3. the operands, found among the step's per-step tensors by value: ``k`` the left factor of
    ``U = beta k v^T``, ``beta`` and ``v`` its scale and right factor, ``D`` and ``p`` from
    ``M - D = -beta k (D p)^T`` (``D`` = 1, a scalar or a diagonal, matched to a tensor whose
-   ``exp`` it is, or to the decay itself), ``q`` and the scale off the readout ``scale S_t^T q``;
+   ``exp`` it is, or to the decay itself) (else, with ``beta`` = 1, ``M = D + b a^T`` with ``b``
+   and ``a`` per-step tensors: the DPLR rule), ``q`` and the scale off the readout ``scale S_t^T q``;
 4. steps 0, 1 and the last are read and checked; each operand must be a per-step slice of one
    tensor at consecutive times.  The rewrite is then validated like every other.
 """
@@ -66,6 +68,7 @@ class DeltaMatch:
     analysis: object = None
     window: tuple = ()
     bindings: tuple = ()
+    transposed: bool = False   # the loop's state is (B, H, V, K), S^T of the spec's
 
     @property
     def emit_at(self):
@@ -82,11 +85,18 @@ def _state_chains(reader, value):
     view), and from no other."""
     adds = VarMap((v, True) for v, val in value.items() if op_name(val) == "relax.add"
                   and len(tensor_shape(v) or ()) == 4)
+    paths = VarMap((v, _state_paths(reader, v, adds)) for v in adds.keys())
+
+    def is_term(a):
+        """An add that reads no earlier add through its own size and feeds one var: a term of
+        the update (DPLR's ``k v^T + b (a^T S)``), not a state."""
+        return not paths[a] and len(reader.users.get(a, [])) == 1
+
     prev, nxt = VarMap(), VarMap()
     for v in adds.keys():
-        path = _state_path(reader, v, adds)
-        if path is not None:
-            p = path[0]
+        found = [f for f in paths[v] if not is_term(f[0])]
+        if len(found) == 1:
+            p = found[0][0]
             prev[v] = p
             nxt[p] = None if p in nxt else v      # (two successors: no chain)
     chains = []
@@ -96,6 +106,8 @@ def _state_chains(reader, value):
         chain = [v]
         while nxt.get(chain[-1]) is not None:
             chain.append(nxt[chain[-1]])
+        # a partial sum (``S * w + b sa`` of ``S * w + b sa + k v^T``) feeds only the next add
+        chain = [x for x, y in zip(chain, chain[1:]) if list(reader.users.get(x, [])) != [y]] + chain[-1:]
         if len(chain) >= 2:
             chains.append(chain)
     return chains
@@ -105,6 +117,12 @@ def _state_path(reader, var, stop):
     """``(state, [argument positions])``: the one var of ``stop`` that ``var`` reads through
     vars of its own size (views of it: a matmul's (B*H, K, V)), and the path to it; None when
     there is not exactly one."""
+    found = _state_paths(reader, var, stop)
+    return found[0] if len(found) == 1 else None
+
+
+def _state_paths(reader, var, stop):
+    """Every ``(var of stop, path)`` that ``var`` reads through vars of its own size."""
     size = _size(var)
     found, seen, frontier = [], VarMap(), [(var, [])]
     for _ in range(16):
@@ -119,7 +137,7 @@ def _state_path(reader, var, stop):
                 else:
                     nxt.append((a, path + [i]))
         frontier = nxt
-    return found[0] if len(found) == 1 else None
+    return found
 
 
 def _size(x):
@@ -156,18 +174,28 @@ def _close(got, want, tol=RTOL):
 class _StepReader:
     """One step's map and the operands it reads (every probe shares the same leaf inputs)."""
 
-    def __init__(self, reader, step, states, leaf, rng):
-        self.reader, self.step, self.rng = reader, step, rng
+    def __init__(self, reader, step, states, leaf, rng, transposed=False):
+        self.reader, self.step, self.rng, self.transposed = reader, step, rng, transposed
         self.b, self.h, self.key, self.value = (int(n) for n in tensor_shape(step.S))
+        if transposed:                    # a (B, H, V, K) state, its transition applied on the right
+            self.key, self.value = self.value, self.key
         self.leaf, self.states = leaf, states
         stop = VarMap((x, True) for x in states)
         self.cands = [x for x in _closure(reader, [step.S, step.y], stop, depth=24)
                       if x not in stop and tensor_dtype(x) in ("float32", "float64", "float16", "bfloat16")]
 
     def probe(self, prev_value):
+        """The step evaluated from the (B, H, K, V) state ``prev_value``."""
         given = VarMap()
-        given[self.step.prev] = prev_value
+        given[self.step.prev] = np.swapaxes(prev_value, -1, -2) if self.transposed else prev_value
         return _Probe(self.reader, given, self.leaf)
+
+    def state(self, probe):
+        """The state after the step, (B, H, K, V), under ``probe``."""
+        b, h, key, value = self.b, self.h, self.key, self.value
+        if self.transposed:
+            return np.swapaxes(np.reshape(probe(self.step.S), (b, h, value, key)), -1, -2)
+        return np.reshape(probe(self.step.S), (b, h, key, value))
 
     def values(self, probe, size, cands=None):
         """``[(var, (B, H, size) value)]`` of the state-free candidates (``cands``, else the
@@ -188,10 +216,10 @@ class _StepReader:
         """``(ops, spec fields)`` of this step, or ``NotDelta``."""
         b, h, key, value = self.b, self.h, self.key, self.value
         zero = self.probe(np.zeros((b, h, key, value)))
-        u0 = zero(self.step.S).reshape(b, h, key, value)
+        u0 = self.state(zero)
         rs = [self.rng.standard_normal((b, h, key, value)) for _ in range(-(-key // value) + 1)]
         probes = [self.probe(r) for r in rs]
-        outs = [pr(self.step.S).reshape(b, h, key, value) - u0 for pr in probes]
+        outs = [self.state(pr) - u0 for pr in probes]
         self.dependent = VarMap((x, True) for x in self.cands         # what the state reaches
                                 if not np.array_equal(np.asarray(zero(x)), np.asarray(probes[0](x))))
         left = np.concatenate(rs[:-1], axis=-1)                           # (B, H, K, V * n)
@@ -217,8 +245,14 @@ class _StepReader:
                            "of a per-step key, value and beta (or 1)")
         ops["k"], kv, ops["beta"], ops["v"] = found                      # kv: (B, H, K)
         beta = np.ones((b, h)) if ops["beta"] is None else _bh(zero(ops["beta"]), b, h)[..., 0]
-        decay, w = _decay_and_read(m, beta[..., None] * kv)
-        fields = {}
+        fields = {"rule": "delta"}
+        try:
+            decay, w = _decay_and_read(m, beta[..., None] * kv)
+        except NotDelta:
+            if ops["beta"] is not None:
+                raise
+            decay = self._rank1_term(m, ks, ops)                          # the DPLR rule
+            fields["rule"] = "dplr"
         if np.allclose(decay, 1.0, rtol=0, atol=1e-9):
             fields["decay"] = "none"
         else:
@@ -231,8 +265,8 @@ class _StepReader:
                                "per-step tensor, nor one")
             ops["g"], self.step.log_decay = g
         with np.errstate(all="ignore"):
-            p = w / decay
-        if _close(p, kv):
+            p = None if fields["rule"] == "dplr" else w / decay
+        if p is None or _close(p, kv):
             fields["separate_read"] = False
         else:
             read = next((x for x, pv in ks if _close(pv, p)), None)
@@ -245,8 +279,23 @@ class _StepReader:
         ops["q"], fields["scale"] = self._readout(zero, self.values(zero, key, near_y))
         return ops, fields
 
+    def _rank1_term(self, m, ks, ops):
+        """The decay ``d`` of ``m = diag(d) + b a^T`` with ``b`` and ``a`` per-step K-vectors
+        (into ``ops``), or ``NotDelta``."""
+        for xb, bv in ks:
+            try:
+                decay, a = _decay_and_read(m, -bv)
+            except NotDelta:
+                continue
+            xa = next((x for x, av in ks if _close(av, a)), None)
+            if xa is not None:
+                ops["a"], ops["b"] = xa, xb
+                return decay
+        raise NotDelta(f"step {self.step.S.name}: the transition of its state is neither a diagonal minus "
+                       "beta k p^T (a delta rule) nor a diagonal plus b a^T of per-step vectors (DPLR)")
+
     def _readout(self, probe, ks):
-        s = probe(self.step.S).reshape(self.b, self.h, self.key, self.value)
+        s = self.state(probe)
         y = _bh(probe(self.step.y), self.b, self.h)
         if y is None or y.shape[-1] != self.value:
             raise NotDelta(f"step {self.step.S.name}: its readout {self.step.y.name} has no (B, H, V) shape")
@@ -368,6 +417,22 @@ def _build(reader, chain, an):
         return _build_from(reader, [_Step(s, p) for p, s in zip(chain, chain[1:])], an)
 
 
+def _read_steps(reader, steps, states, leaf, rng, transposed):
+    """The spec fields read off steps 0, 1 and the last (each step's ops set), equal for all."""
+    fields = None
+    for idx in sorted({0, 1, len(steps) - 1}):
+        step = steps[idx]
+        ops, got = _StepReader(reader, step, states, leaf, rng, transposed).read()
+        step.ops = ops
+        if fields is None:
+            fields = got
+        elif {k: v for k, v in got.items() if k != "scale"} != {k: v for k, v in fields.items() if k != "scale"} \
+                or abs(got["scale"] - fields["scale"]) > 1e-6 * max(1.0, abs(fields["scale"])):
+            raise NotDelta(f"step {idx} is not read as step 0 is: {got} vs {fields}")
+    fields["transposed"] = transposed
+    return fields
+
+
 def _build_from(reader, steps, an):
     states = VarMap((s.S, True) for s in steps)
     for step in steps:
@@ -380,16 +445,13 @@ def _build_from(reader, steps, an):
             leaves[var] = random_input(var.ty, rng, 1.0)
         return leaves[var]
 
-    fields = None
-    for idx in sorted({0, 1, len(steps) - 1}):
-        step = steps[idx]
-        ops, got = _StepReader(reader, step, states, leaf, rng).read()
-        step.ops = ops
-        if fields is None:
-            fields = got
-        elif {k: v for k, v in got.items() if k != "scale"} != {k: v for k, v in fields.items() if k != "scale"} \
-                or abs(got["scale"] - fields["scale"]) > 1e-6 * max(1.0, abs(fields["scale"])):
-            raise NotDelta(f"step {idx} is not read as step 0 is: {got} vs {fields}")
+    for transposed in (False, True):
+        try:
+            fields = _read_steps(reader, steps, states, leaf, rng, transposed)
+            break
+        except NotDelta as err:
+            if transposed or "applied to every column alike" not in str(err):
+                raise
     checked = [steps[0], steps[1], steps[-1]]
     window = reverse = None
     for name in [n for n, x in steps[0].ops.items() if x is not None]:
@@ -410,13 +472,15 @@ def _build_from(reader, steps, an):
     region |= set(_closure(reader, [s.y for s in steps] + [s.S for s in steps[1:]], states, depth=24))
     last_used = any(u == "return" or u not in region for u in reader.users.get(steps[-1].S, []))
     batch, heads, key, value = (int(n) for n in tensor_shape(steps[0].S))
+    if fields["transposed"]:
+        key, value = value, key
     dtype = tensor_dtype(output)
     if dtype not in SUPPORTED_DTYPES:
         raise NotDelta(f"dtype {dtype}: scans take {'/'.join(SUPPORTED_DTYPES)}")
     spec = DeltaScanSpec(batch, heads, len(steps), key, value, fields["decay"], heads, fields["scale"],
-                         False, fields["separate_read"], bool(reverse), True, last_used, dtype)
+                         False, fields["separate_read"], bool(reverse), True, last_used, dtype, fields["rule"])
     names = tuple(sorted((v.name for v in region if v in reader.vmap), key=lambda n: (len(n), n)))
-    return DeltaMatch(steps, spec, output, out_axis, last_used, an, window, names)
+    return DeltaMatch(steps, spec, output, out_axis, last_used, an, window, names, fields["transposed"])
 
 
 def emit_delta(bb, match, visit):
@@ -430,17 +494,22 @@ def emit_delta(bb, match, visit):
         return head_major_sequence(lifter, emit, expr, (b, h), length, last, spec.dtype, what)
 
     ops = first.ops
-    beta = relax.const(np.ones((b, h, length), dtype="float32")) if ops["beta"] is None else None
-    if beta is not None and spec.dtype != "float32":
-        beta = emit(relax.op.astype(beta, spec.dtype))
-    operands = [seq(ops["q"], spec.key, "q"), seq(ops["k"], spec.key, "k"), seq(ops["v"], spec.value, "v"),
-                beta if beta is not None else seq(ops["beta"], None, "beta")]
+    operands = [seq(ops["q"], spec.key, "q"), seq(ops["k"], spec.key, "k"), seq(ops["v"], spec.value, "v")]
+    if spec.is_dplr:
+        operands += [seq(ops["a"], spec.key, "a"), seq(ops["b"], spec.key, "b")]
+    elif ops["beta"] is None:
+        beta = relax.const(np.ones((b, h, length), dtype="float32"))
+        operands.append(beta if spec.dtype == "float32" else emit(relax.op.astype(beta, spec.dtype)))
+    else:
+        operands.append(seq(ops["beta"], None, "beta"))
     if spec.decay != "none":
         g = seq(ops["g"], spec.key if spec.decay == "key" else None, "the decay")
         operands.append(g if first.log_decay else emit(relax.op.log(g)))
     if spec.separate_read:
         operands.append(seq(ops["p"], spec.key, "p"))
     s0 = visit(first.prev)
+    if match.transposed:
+        s0 = emit(relax.op.permute_dims(s0, [0, 1, 3, 2]) if len(tensor_shape(s0) or ()) == 4 else s0)
     if tuple(tensor_shape(s0)) != (b, h, spec.key, spec.value):
         s0 = emit(relax.op.broadcast_to(s0, (b, h, spec.key, spec.value)))
     operands.append(s0 if tensor_dtype(s0) == "float32" else emit(relax.op.astype(s0, "float32")))
@@ -448,6 +517,8 @@ def emit_delta(bb, match, visit):
     out, parts = (got[0], got[1:]) if spec.return_last_state else (got, [])
     replaced = [(match.output, as_stacked_output(emit, out, match.output, match.out_axis))]
     last = match.steps[-1].S
+    if match.transposed:
+        parts = [emit(relax.op.permute_dims(new, [0, 1, 3, 2])) for new in parts]
     replaced += [(last, as_value_of(emit, new, last)) for new in parts]
     return replaced
 

@@ -322,9 +322,13 @@ def _scan(spec, ops):
         got = [got[0], *got[1]] if spec.return_last_state else [got]
     elif isinstance(spec, DeltaScanSpec):
         named = dict(zip(spec.operand_names(), ops))
-        got = reference.delta_scan(named["q"], named["k"], named["v"], named["beta"], named.get("g"),
-                                   named.get("p"), named.get("S0"), spec.scale, spec.l2norm, spec.reverse,
-                                   spec.return_last_state)
+        if spec.is_dplr:
+            got = reference.dplr_scan(*(named[n] for n in "qkvab"), named.get("g"), named.get("S0"), spec.scale,
+                                      spec.reverse, spec.return_last_state)
+        else:
+            got = reference.delta_scan(named["q"], named["k"], named["v"], named["beta"], named.get("g"),
+                                       named.get("p"), named.get("S0"), spec.scale, spec.l2norm, spec.reverse,
+                                       spec.return_last_state)
         got = list(got) if spec.return_last_state else [got]
     elif isinstance(spec, MatrixScanSpec):
         kwargs = {"g" if n == "dt" else n: x for n, x in zip(spec.operand_names(), ops)}

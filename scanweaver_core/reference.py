@@ -9,7 +9,7 @@ from .spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec,
                    StabilizedScanSpec)
 
 __all__ = ["affine_scan", "last_state", "softplus", "selective_scan", "matrix_scan",
-           "stabilized_scan", "mlstm_scan"]
+           "stabilized_scan", "mlstm_scan", "delta_scan", "dplr_scan"]
 
 
 def _f64(x):
@@ -357,9 +357,14 @@ def _delta_by_scan(q, k, v, beta, decay, p, state):
     key = k.shape[-1]
     bk = beta[..., None, None] * k[..., :, None]                       # (B, H, L, K, 1)
     m = (np.eye(key) - bk * p[..., None, :]) * decay[..., None, :]     # (I - b k p^T) D
-    u = bk * v[..., None, :]                                           # (B, H, L, K, V)
+    return _linear_by_scan(q, m, bk * v[..., None, :], state)          # U = beta k v^T
+
+
+def _linear_by_scan(q, m, u, state):
+    """``o_t = q_t^T S_t`` of ``S_t = M_t S_(t-1) + U_t`` (M (B, H, L, K, K), U (B, H, L, K, V)),
+    the prefix pairs combined in log2(L) rounds (Hillis-Steele)."""
     step = 1
-    while step < v.shape[2]:                    # prefix (M, U) of every step, log2(L) rounds
+    while step < u.shape[2]:                    # prefix (M, U) of every step, log2(L) rounds
         m_prev, u_prev = m[:, :, :-step], u[:, :, :-step]
         m_new, u_new = m.copy(), u.copy()
         m_new[:, :, step:] = m[:, :, step:] @ m_prev
@@ -368,3 +373,37 @@ def _delta_by_scan(q, k, v, beta, decay, p, state):
     states = m @ state[:, :, None] + u                                 # (B, H, L, K, V)
     out = np.einsum("bhlk,bhlkv->bhlv", q, states)
     return out, states[:, :, -1]
+
+
+def dplr_scan(q, k, v, a, b, g=None, h0=None, scale=1.0, reverse=False, return_last_state=False,
+              method="loop"):
+    """``DeltaScanSpec``'s DPLR rule in float64, ``S_t = D_t S_(t-1) + b_t (a_t^T S_(t-1)) +
+    k_t v_t^T``, ``o_t = scale S_t^T q_t``: ``o`` (B, H, L, V), or ``(o, S)``.  ``method="loop"``
+    steps as written; ``"scan"`` combines the pairs ``(D_t + b_t a_t^T, k_t v_t^T)``."""
+    arrays = [None if x is None else np.asarray(x) for x in (q, k, v, a, b, g, h0)]
+    spec = DeltaScanSpec.for_arrays(arrays[0], arrays[1], arrays[2], None, arrays[5], h0=arrays[6], scale=scale,
+                                    reverse=reverse, return_last_state=return_last_state, check_dtypes=False,
+                                    a=arrays[3], b=arrays[4])
+    q, k, v, a, b, g, h0 = (_f64(x) for x in arrays)
+    if spec.group > 1:
+        q, k, a, b = (np.repeat(x, spec.group, axis=1) for x in (q, k, a, b))
+    batch, h, length = spec.batch, spec.heads, spec.length
+    decay = (np.ones((batch, h, length, spec.key)) if g is None else
+             np.exp(g)[..., None] * np.ones(spec.key) if g.ndim == 3 else np.exp(g))
+    if reverse:
+        q, k, v, a, b, decay = (x[:, :, ::-1] for x in (q, k, v, a, b, decay))
+    state = np.zeros((batch, h, spec.key, spec.value)) if h0 is None else h0.copy()
+    if method == "loop":
+        out = np.empty(v.shape)
+        for t in range(length):
+            read = np.einsum("bhk,bhkv->bhv", a[:, :, t], state)
+            state = (decay[:, :, t, :, None] * state + b[:, :, t, :, None] * read[:, :, None, :]
+                     + k[:, :, t, :, None] * v[:, :, t, None, :])
+            out[:, :, t] = np.einsum("bhk,bhkv->bhv", scale * q[:, :, t], state)
+    else:
+        m = decay[..., :, None] * np.eye(spec.key) + b[..., :, None] * a[..., None, :]
+        out, state = _linear_by_scan(scale * q, m, k[..., :, None] * v[..., None, :], state)
+    if reverse:
+        out = out[:, :, ::-1]
+    out = np.ascontiguousarray(out)
+    return (out, state) if return_last_state else out

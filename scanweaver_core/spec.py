@@ -771,6 +771,7 @@ class MLSTMScanSpec:
 
 
 DELTA_DECAYS = ("none", "head", "key")
+DELTA_RULES = ("delta", "dplr")
 
 
 @dataclass(frozen=True)
@@ -791,7 +792,16 @@ class DeltaScanSpec:
     (B, qk_heads, L, K), ``v`` (B, H, L, V), ``beta`` (B, H, L), ``g``, ``p`` (B, qk_heads, L,
     K) with ``separate_read``, ``S0`` (B, H, K, V, float32) with ``has_h0``; outputs ``o`` (B, H,
     L, V) in ``dtype``, ``last_S`` (float32) with ``return_last_state``.  The state is float32
-    whatever ``dtype``.  ``batch`` and ``length`` may be symbolic."""
+    whatever ``dtype``.  ``batch`` and ``length`` may be symbolic.
+
+    ``rule="dplr"``: the generalized diagonal-plus-rank-1 transition (RWKV-7, fla's DPLR and
+    IPLR recurrences), the rank-1 term reading the state before its decay::
+
+        S_t = D_t S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,   o_t = scale * S_t^T q_t
+
+    i.e. ``S_t = (D_t + b_t a_t^T) S_{t-1} + k_t v_t^T``: inputs ``q, k, v, a, b`` (``a``, ``b``
+    shaped as ``k``), ``[g]``, ``[S0]``; no ``beta``, ``p`` or ``l2norm``.  The delta rule is
+    the case ``b = -beta k``, ``a = D p`` (its own rule: it reads the decayed state)."""
 
     batch: object
     heads: int
@@ -807,6 +817,7 @@ class DeltaScanSpec:
     has_h0: bool = False
     return_last_state: bool = False
     dtype: str = "float32"
+    rule: str = "delta"
 
     def __post_init__(self):
         for name in ("batch", "heads", "length", "key", "value"):
@@ -815,6 +826,10 @@ class DeltaScanSpec:
                 raise ValueError(f"{name}: must be a positive int (only batch and length may be symbolic)")
         if self.decay not in DELTA_DECAYS:
             raise ValueError(f"decay: {self.decay!r} is not one of {DELTA_DECAYS}")
+        if self.rule not in DELTA_RULES:
+            raise ValueError(f"rule: {self.rule!r} is not one of {DELTA_RULES}")
+        if self.rule == "dplr" and (self.separate_read or self.l2norm):
+            raise ValueError("rule 'dplr': its read vector is a (no separate_read) and it has no l2norm")
         if self.qk_heads == 0:
             object.__setattr__(self, "qk_heads", self.heads)
         if not isinstance(self.qk_heads, int) or self.qk_heads < 1 or self.heads % self.qk_heads:
@@ -834,9 +849,15 @@ class DeltaScanSpec:
         """Value heads per q/k head."""
         return self.heads // self.qk_heads
 
+    @property
+    def is_dplr(self):
+        return self.rule == "dplr"
+
     def operand_names(self):
-        """The PrimFunc's inputs, in order: ``q, k, v, beta, [g], [p], [S0]``."""
-        return (["q", "k", "v", "beta"] + (["g"] if self.decay != "none" else [])
+        """The PrimFunc's inputs, in order: ``q, k, v, beta, [g], [p], [S0]``; with the DPLR
+        rule ``q, k, v, a, b, [g], [S0]``."""
+        rank1 = ["a", "b"] if self.is_dplr else ["beta"]
+        return (["q", "k", "v"] + rank1 + (["g"] if self.decay != "none" else [])
                 + (["p"] if self.separate_read else []) + (["S0"] if self.has_h0 else []))
 
     def output_names(self):
@@ -846,6 +867,7 @@ class DeltaScanSpec:
         """``{name: shape}`` of every PrimFunc argument, in order."""
         b, h, hk, l, key = self.batch, self.heads, self.qk_heads, self.length, self.key
         shapes = {"q": (b, hk, l, key), "k": (b, hk, l, key), "p": (b, hk, l, key),
+                  "a": (b, hk, l, key), "b": (b, hk, l, key),
                   "v": (b, h, l, self.value), "beta": (b, h, l),
                   "g": (b, h, l) if self.decay == "head" else (b, h, l, key),
                   "S0": (b, h, key, self.value), "o": (b, h, l, self.value),
@@ -870,19 +892,23 @@ class DeltaScanSpec:
 
     @classmethod
     def for_arrays(cls, q, k, v, beta, g=None, p=None, h0=None, scale=1.0, l2norm=False,
-                   reverse=False, return_last_state=False, check_dtypes=True):
-        """The spec of concrete arrays (decay from ``g``'s rank), every operand's shape (and
-        dtype) checked.  Without ``check_dtypes`` (the float64 reference) it says float32."""
+                   reverse=False, return_last_state=False, check_dtypes=True, a=None, b=None):
+        """The spec of concrete arrays (decay from ``g``'s rank; the DPLR rule when ``a`` and
+        ``b`` are given, ``beta`` None), every operand's shape (and dtype) checked.  Without
+        ``check_dtypes`` (the float64 reference) it says float32."""
+        if (a is None) != (b is None) or (a is not None) == (beta is not None):
+            raise ValueError("give beta (a delta rule) or both a and b (the DPLR rule)")
         if len(q.shape) != 4 or len(v.shape) != 4:
             raise ValueError(f"q, v: expected (B, H, L, .) arrays, got {tuple(q.shape)}, {tuple(v.shape)}")
-        b, hk, l, key = (int(n) for n in q.shape)
+        batch, hk, l, key = (int(n) for n in q.shape)
         heads, value = int(v.shape[1]), int(v.shape[-1])
         decay = "none" if g is None else {3: "head", 4: "key"}.get(len(g.shape))
         if decay is None:
             raise ValueError(f"g: expected (B, H, L) or (B, H, L, K), got {tuple(g.shape)}")
-        spec = cls(b, heads, l, key, value, decay, hk, scale, bool(l2norm), p is not None, bool(reverse),
-                   h0 is not None, bool(return_last_state), str(q.dtype) if check_dtypes else "float32")
-        given = {"q": q, "k": k, "v": v, "beta": beta, "g": g, "p": p, "S0": h0}
+        spec = cls(batch, heads, l, key, value, decay, hk, scale, bool(l2norm), p is not None, bool(reverse),
+                   h0 is not None, bool(return_last_state), str(q.dtype) if check_dtypes else "float32",
+                   "delta" if a is None else "dplr")
+        given = {"q": q, "k": k, "v": v, "beta": beta, "g": g, "p": p, "S0": h0, "a": a, "b": b}
         dtypes = spec.operand_dtypes()
         for name, want in spec.operand_shapes().items():
             x = given[name]

@@ -156,7 +156,8 @@ def test_a_full_matrix_transition_is_a_near_miss():
     found = sw.find_recurrences(mod, include_rejected=True)
     misses = [r for r in found if r.form == "delta"]
     assert len(misses) == 1 and misses[0].rejected, found
-    assert "not a diagonal minus beta k p^T" in misses[0].reason, misses[0].reason
+    assert "neither a diagonal minus beta k p^T (a delta rule) nor a diagonal plus b a^T" in misses[0].reason, \
+        misses[0].reason
     with torch.no_grad():
         want = model(*args).numpy()
     assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)

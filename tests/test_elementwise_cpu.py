@@ -10,6 +10,7 @@ from tvm.s_tir import dlight as dl
 
 import scanweaver_tvm as sw
 from harness import assert_outputs_match, run_model, torch_outputs
+from tir_schedules import dense_cpu
 from tir_schedules.elementwise_cpu import LANES, PARALLEL_MIN, ElementwiseCPU
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
@@ -88,3 +89,47 @@ def test_symbolic_length_compiles_once_and_runs_at_every_length():
         got = vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(b.numpy()))
         got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
         np.testing.assert_allclose(got, Gate()(a, b).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class TransposeSplit(torch.nn.Module):
+    """A conv output brought back to (B, L, C) and split into sections (Qwen3-Next's q, k, v)."""
+
+    def forward(self, x):
+        q, k, v = torch.split(x.transpose(1, 2), [64, 64, 128], dim=-1)
+        return q + 0.0, k * 2.0, v - 1.0
+
+
+def test_a_splits_sections_are_each_one_parallel_loop():
+    """A transpose feeding a split: the transpose inlined into each section, every section's
+    loop parallel and vectorized, the outputs equal to PyTorch's."""
+    x = torch.randn(1, 256, 512)
+    funcs = prim_funcs(legalized(TransposeSplit(), x))
+    (split,) = [f for name, f in funcs.items() if "split" in name]
+    text = split.script()
+    assert text.count("T.parallel(") == 3 and text.count("T.vectorized(") == 3
+    assert "T_transpose" not in text                                       # inlined into each section
+    assert_outputs_match(run_model(sw.from_torch(TransposeSplit(), [x]), [x]),
+                         torch_outputs(TransposeSplit(), [x]), rtol=1e-6)
+
+
+def test_norms_and_depthwise_convs_get_dlights_reduction_rule():
+    """``dense_cpu.schedule_passes`` hands what no rule of ours takes (an RMS norm, a depthwise
+    causal conv with its activation) to DLight's CPU ``Reduction`` rule: parallel, and equal."""
+    class ConvNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(256, 256, 4, groups=256, padding=3)
+
+        def forward(self, x):
+            h = torch.nn.functional.silu(self.conv(x.transpose(1, 2))[..., :x.shape[1]]).transpose(1, 2)
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.manual_seed(0)
+    model, x = ConvNorm().eval(), torch.randn(1, 300, 256)
+    mod = sw.from_torch(model, [x])
+    with AVX2:
+        mod = tvm.transform.Sequential(cpu.legalize_passes(AVX2) + dense_cpu.schedule_passes()[:2])(mod)
+    texts = {name: f.script() for name, f in prim_funcs(mod).items()}
+    for name in [n for n in texts if "conv1d" in n or "mean" in n]:
+        assert "T.parallel(" in texts[name], name
+    assert any("conv1d" in n for n in texts) and any("mean" in n for n in texts)
+    assert_outputs_match(run_model(sw.from_torch(model, [x]), [x]), torch_outputs(model, [x]), rtol=1e-5)

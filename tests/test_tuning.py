@@ -21,7 +21,8 @@ from scanweaver_core.scan_op import make_scan
 from scanweaver_core.reference import matrix_scan
 from scanweaver_core.spec import DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, StabilizedScanSpec
 from scanweaver_tvm import AffineScanSpec, SelectiveScanSpec
-from test_delta_rule import check_kernel as check_delta
+from test_delta_rule import check_kernel as check_delta_rule
+from test_dplr_rule import check_kernel as check_dplr
 from test_matrix_cpu import check as check_matrix
 from test_matrix_cpu import operands as matrix_operands
 from test_mlstm import check as check_mlstm
@@ -48,10 +49,12 @@ MLSTM_PLAIN = MLSTMScanSpec(1, 2, 13, 4, 6, normalized=False, reverse=True)
 DELTA = DeltaScanSpec(2, 4, 19, 8, 20, "key", qk_heads=2, scale=0.5, l2norm=True, has_h0=True,
                       return_last_state=True)          # KDA-like: grouped heads, norms in the kernel
 DELTA_COMBA = DeltaScanSpec(1, 2, 11, 4, 6, "head", separate_read=True, reverse=True, dtype="float16")
+DPLR = DeltaScanSpec(2, 2, 13, 8, 12, "key", has_h0=True, return_last_state=True, rule="dplr")   # RWKV-7-like
 SPECS = {"affine": AFFINE, "selective": SELECTIVE, "matrix": MATRIX, "stabilized": STABILIZED, "mlstm": MLSTM,
          "delta": DELTA}
 CHECKS = {"affine": check_plain, "selective": check_selective, "matrix": check_matrix,
-          "stabilized": check_stabilized, "mlstm": check_mlstm, "delta": check_delta}
+          "stabilized": check_stabilized, "mlstm": check_mlstm,
+          "delta": lambda kernel, spec, rng: (check_dplr if spec.is_dplr else check_delta_rule)(kernel, spec, rng)}
 # the benchmark shapes (bench/matrix.py): GLA-like key decay, Mamba-2-like scalar decay
 BENCH = [MatrixScanSpec.create(1, 16, 2048, 64, 64, decay="key"),
          MatrixScanSpec.create(1, 24, 2048, 128, 64, decay="scalar")]
@@ -89,10 +92,10 @@ def test_space_covers_every_knob(name):
 
 
 @pytest.mark.parametrize("spec", [AFFINE, SELECTIVE, MATRIX, MATRIX_VALUE, MATRIX_SELECTIVE, STABILIZED,
-                                  STABILIZED_CM, MLSTM, MLSTM_PLAIN, DELTA, DELTA_COMBA],
+                                  STABILIZED_CM, MLSTM, MLSTM_PLAIN, DELTA, DELTA_COMBA, DPLR],
                          ids=["affine", "selective", "matrix", "matrix_value", "matrix_selective",
                               "stabilized", "stabilized_channel_major", "mlstm", "mlstm_plain", "delta",
-                              "delta_comba"])
+                              "delta_comba", "dplr"])
 def test_workloads_are_correct_scans(spec):
     mod = search.workload_module(spec)
     kernel = tvm.compile(mod, target="llvm").mod["main"]
@@ -107,7 +110,7 @@ def test_workloads_are_correct_scans(spec):
 def test_sampled_cpu_decisions_give_correct_kernels(seed):
     rng = np.random.default_rng(seed)
     host = tir_schedules.host_target()
-    for spec in (AFFINE, SELECTIVE, MATRIX, MATRIX_SELECTIVE, STABILIZED, STABILIZED_CM, MLSTM, DELTA):
+    for spec in (AFFINE, SELECTIVE, MATRIX, MATRIX_SELECTIVE, STABILIZED, STABILIZED_CM, MLSTM, DELTA, DPLR):
         for mod in sampled(spec, "llvm", seed):
             CHECKS[search.form_of(spec)](search.build_candidate(mod, host)["main"], spec, rng)
 

@@ -1,4 +1,5 @@
-"""The shared shell of our DLight-style CPU rules (``dense_cpu``, ``elementwise_cpu``)."""
+"""The shared shell of our DLight-style CPU rules (``dense_cpu``, ``elementwise_cpu``), and
+DLight's own CPU rules behind the same guard."""
 from tvm import tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
@@ -17,3 +18,16 @@ class GuardedCPURule(CPUScheduleRule):
             return self.schedule(func, target)
         except RuntimeError:
             return None
+
+
+class Guarded(GuardedCPURule):
+    """One of DLight's CPU rules (``dl.cpu.Reduction``: norms, softmax, small reductions with
+    their epilogue) behind the guard: some of its primitives refuse functions it accepted
+    (``RuntimeError``), which would otherwise stop the whole pipeline."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule = rule
+
+    def schedule(self, func, target):
+        return self.rule.apply(func, target, False)

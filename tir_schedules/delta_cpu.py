@@ -8,7 +8,9 @@ it stays in L1), the columns in vector lanes.  A step, in float32, for the task'
     S = D S;  r = p^T S                                       one pass over the tile
     u = beta (v - r);  S = S + k u^T;  o = q^T S              a second pass
 
-so 4 K multiply-adds per column a step and nothing of size (B, H, L, K, V) exists.  Every
+so 4 K multiply-adds per column a step and nothing of size (B, H, L, K, V) exists.  The DPLR
+rule reads before it decays: ``r = a^T S; S = D S`` in the first pass, ``S = S + b r^T + k v^T;
+o = q^T S`` in the second.  Every
 task of a head recomputes the head's K-vectors (K flops, against the K x lanes of its tile).
 Columns past V are clamped to V - 1 (those lanes recompute and rewrite the last column).
 """
@@ -62,11 +64,17 @@ class _Task:
         self.vec = {n: named(n + "_t", T.alloc_buffer((key,), F32, scope="local")) for n in self._vectors()}
         self.read = named("read", T.alloc_buffer((lanes,), F32, scope="local"))
         self.acc = named("acc", T.alloc_buffer((lanes,), F32, scope="local"))
+        if spec.is_dplr:
+            self.vcol = named("vcol", T.alloc_buffer((lanes,), F32, scope="local"))
         self.sc = named("sc", T.alloc_buffer((4,), F32, scope="local"))     # |q|^2, |k|^2, |p|^2, beta
 
     def _vectors(self):
+        return self._loaded() + (["d"] if self.spec.decay == "key" else [])
+
+    def _loaded(self):
+        """The per-step K-vectors read from their buffers."""
         spec = self.spec
-        return ["q", "k"] + (["p"] if spec.separate_read else []) + (["d"] if spec.decay == "key" else [])
+        return ["q", "k"] + (["p"] if spec.separate_read else []) + (["a", "b"] if spec.is_dplr else [])
 
     def col(self, w):
         c = self.first + w
@@ -101,7 +109,7 @@ class _Task:
         """q, k (and p) of this step into local K-vectors, normalized and q scaled; the
         per-key decay ``exp(g)``."""
         spec, sc, b, hk = self.spec, self.sc, self.b, self.hk
-        names = ["q", "k"] + (["p"] if spec.separate_read else [])
+        names = self._loaded()
         if spec.l2norm:
             for j, _ in enumerate(names):
                 T.buffer_store(sc, _c(0.0), [j])
@@ -123,28 +131,46 @@ class _Task:
     def _step(self, t):
         spec, b, h, S, lanes = self.spec, self.b, self.h, self.S, self.lanes
         self._load_vectors(t)
-        T.buffer_store(self.sc, self._ld("beta", b, h, t), [3])
+        if not spec.is_dplr:
+            T.buffer_store(self.sc, self._ld("beta", b, h, t), [3])
         head_decay = T.exp(self._ld("g", b, h, t)) if spec.decay == "head" else None
-        read = self.vec["p" if spec.separate_read else "k"]
+        read = self.vec["a" if spec.is_dplr else "p" if spec.separate_read else "k"]
         with self._lanes() as w:
             T.buffer_store(self.read, _c(0.0), [w])
             T.buffer_store(self.acc, _c(0.0), [w])
-        with T.serial(0, spec.key) as r:             # S = D S; read = p^T S
+        with T.serial(0, spec.key) as r:             # S = D S; read = p^T S (DPLR: the read first)
             d = self.vec["d"][r] if spec.decay == "key" else head_decay
             with self._lanes() as w:
                 idx = r * lanes + w
+                if spec.is_dplr:
+                    T.buffer_store(self.read, self.read[w] + read[r] * S[idx], [w])
                 if d is not None:
                     T.buffer_store(S, d * S[idx], [idx])
-                T.buffer_store(self.read, self.read[w] + read[r] * S[idx], [w])
-        with self._lanes() as w:                      # u = beta (v - read)
-            T.buffer_store(self.read, self.sc[3] * (self._ld("v", b, h, t, self.col(w)) - self.read[w]), [w])
-        with T.serial(0, spec.key) as r:             # S += k u^T; o = q^T S
-            with self._lanes() as w:
-                idx = r * lanes + w
-                T.buffer_store(S, S[idx] + self.vec["k"][r] * self.read[w], [idx])
-                T.buffer_store(self.acc, self.acc[w] + self.vec["q"][r] * S[idx], [w])
+                if not spec.is_dplr:
+                    T.buffer_store(self.read, self.read[w] + read[r] * S[idx], [w])
+        if spec.is_dplr:
+            self._dplr_update(t)
+        else:
+            with self._lanes() as w:                  # u = beta (v - read)
+                T.buffer_store(self.read, self.sc[3] * (self._ld("v", b, h, t, self.col(w)) - self.read[w]), [w])
+            with T.serial(0, spec.key) as r:         # S += k u^T; o = q^T S
+                with self._lanes() as w:
+                    idx = r * lanes + w
+                    T.buffer_store(S, S[idx] + self.vec["k"][r] * self.read[w], [idx])
+                    T.buffer_store(self.acc, self.acc[w] + self.vec["q"][r] * S[idx], [w])
         with self._lanes() as w:
             T.buffer_store(self.bufs["o"], from_f32(self.acc[w], spec.dtype), [b, h, t, self.col(w)])
+
+    def _dplr_update(self, t):
+        """S += b read^T + k v^T; o = q^T S (``acc``); v's columns staged in ``vcol``."""
+        S, lanes, vec = self.S, self.lanes, self.vec
+        with self._lanes() as w:
+            T.buffer_store(self.vcol, self._ld("v", self.b, self.h, t, self.col(w)), [w])
+        with T.serial(0, self.spec.key) as r:
+            with self._lanes() as w:
+                idx = r * lanes + w
+                T.buffer_store(S, S[idx] + vec["b"][r] * self.read[w] + vec["k"][r] * self.vcol[w], [idx])
+                T.buffer_store(self.acc, self.acc[w] + vec["q"][r] * S[idx], [w])
 
 
 def generate(spec: DeltaScanSpec, lanes=16):

@@ -23,7 +23,7 @@ from tvm import relax, s_tir, tirx
 from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
-from .cpu_rule import GuardedCPURule
+from .cpu_rule import Guarded, GuardedCPURule
 from .elementwise_cpu import ElementwiseCPU
 
 MR = 8
@@ -210,7 +210,8 @@ def _has_root(sch):
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
     ``elementwise_cpu``), then pack their constant weights once."""
-    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU()),
+    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(),
+                                                                   Guarded(dl.cpu.Reduction())),
             _split_layout_rewrite_preproc, relax.transform.FoldConstant()]
 
 

@@ -11,9 +11,10 @@ an intermediate buffer between stages.  Two things follow, both seen on whole mo
   fails to build); with the stages inlined into one loop it builds.
 
 So the rule inlines every stage it can into the last (DLight's ``try_inline``); when one
-all-spatial block is left, its loops are fused, split into an outer loop (parallel once there
-is enough work) and an inner one of ``LANES`` elements (vectorized when it divides the extent).
-Anything else (a reduction, an opaque block, several stages that do not inline) returns None.
+all-spatial block is left (or several, each writing one output: a ``split``'s sections), its
+loops are fused, split into an outer loop (parallel once there is enough work) and an inner one
+of ``LANES`` elements (vectorized when it divides the extent).  Anything else (a reduction, an
+opaque block, stages that do not inline) returns None.
 """
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -38,20 +39,41 @@ def _schedule(func):
     if not infos:
         return None
     infos = try_inline(sch, infos)
-    if len(infos) != 1 or not infos[0].is_injective():
+    if not infos or not all(info.is_injective() for info in infos) or not _independent(sch, infos):
         return None
-    block = infos[0].block_rv
+    for info in infos:
+        _parallel_vector_loop(sch, info.block_rv)
+    return sch
+
+
+def _independent(sch, infos):
+    """Every block left writes a parameter of the function and reads none of the others' outputs
+    (a ``split``'s sections: one block per output, each from the same input)."""
+    written = {sch.get(info.block_rv).writes[0].source for info in infos}
+    for info in infos:
+        block = sch.get(info.block_rv)
+        if len(block.writes) != 1 or any(r.source in written for r in block.reads):
+            return False
+    return len(infos) == 1 or all(_is_param(sch, b) for b in written)
+
+
+def _is_param(sch, buffer):
+    return any(buffer.same_as(p) for p in sch.mod["main"].params)
+
+
+def _parallel_vector_loop(sch, block):
+    """Fuse ``block``'s loops into one, split off ``LANES`` (vectorized when they divide it) and
+    run the rest in parallel once there is enough work."""
     loops = sch.get_loops(block)
     if not loops:
-        return None
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = sch.get(fused).extent
     size = int(extent) if isinstance(extent, tirx.IntImm) else None     # None: symbolic
     if size is not None and size < LANES:
-        return sch
+        return
     outer, inner = sch.split(fused, [None, LANES])
     if size is None or size >= PARALLEL_MIN:
         sch.parallel(outer)
     if size is not None and size % LANES == 0:
         sch.vectorize(inner)
-    return sch

@@ -357,7 +357,7 @@ def _mlstm(spec):
 def _delta(spec):
     """One block per (batch, head, column c of V): the column ``S[:, c]`` in a local buffer (the
     delta rule's columns are independent: ``u_c = beta (v_c - p^T D S[:, c])``), the step as
-    ``DeltaScanSpec`` writes it, q/k/p norms recomputed per column."""
+    ``DeltaScanSpec`` writes it (either rule), q/k/p norms recomputed per column."""
     dtypes, n_k = spec.buffer_dtypes(), spec.key
     lanes = spec.batch * spec.heads * spec.value
     zero = tirx.const(0.0, F32)
@@ -378,7 +378,8 @@ def _delta(spec):
                             T.buffer_store(col, bufs["S0"][b, h, i, c] if spec.has_h0 else zero, [i])
                         with T.serial(0, spec.length) as s:
                             t = spec.length - 1 - s if spec.reverse else s
-                            names = ["q", "k"] + (["p"] if spec.separate_read else [])
+                            names = ["q", "k"] + (["p"] if spec.separate_read else []) + \
+                                (["a", "b"] if spec.is_dplr else [])
 
                             def ld(name, i):
                                 return _f32(bufs[name][b, hk, t, i], spec.dtype)
@@ -399,13 +400,19 @@ def _delta(spec):
                             with T.serial(0, n_k) as i:
                                 d = (T.exp(_f32(bufs["g"][b, h, t], spec.dtype)) if spec.decay == "head" else
                                      T.exp(_f32(bufs["g"][b, h, t, i], spec.dtype)) if spec.decay == "key" else None)
+                                if spec.is_dplr:            # the DPLR rule reads before the decay
+                                    T.buffer_store(acc, acc[0] + vec("a", i) * col[i], [0])
                                 if d is not None:
                                     T.buffer_store(col, d * col[i], [i])
-                                T.buffer_store(acc, acc[0] + vec("p" if spec.separate_read else "k", i) * col[i], [0])
-                            u = _f32(bufs["beta"][b, h, t], spec.dtype) * (_f32(bufs["v"][b, h, t, c], spec.dtype) - acc[0])
-                            T.buffer_store(acc, u, [0])
+                                if not spec.is_dplr:
+                                    T.buffer_store(acc, acc[0] + vec("p" if spec.separate_read else "k", i) * col[i], [0])
+                            v_c = _f32(bufs["v"][b, h, t, c], spec.dtype)
+                            if not spec.is_dplr:
+                                T.buffer_store(acc, _f32(bufs["beta"][b, h, t], spec.dtype) * (v_c - acc[0]), [0])
                             with T.serial(0, n_k) as i:
-                                T.buffer_store(col, col[i] + vec("k", i) * acc[0], [i])
+                                new = (col[i] + vec("b", i) * acc[0] + vec("k", i) * v_c if spec.is_dplr else
+                                       col[i] + vec("k", i) * acc[0])
+                                T.buffer_store(col, new, [i])
                                 T.buffer_store(acc, acc[1] + vec("q", i) * col[i], [1])
                             T.buffer_store(bufs["o"], acc[1] if spec.dtype == F32 else tirx.Cast(spec.dtype, acc[1]),
                                            [b, h, t, c])
