@@ -112,12 +112,13 @@ def import_generic(import_fixed, fuse, model, example_args, dynamic_shapes, requ
     are the symbolic Vars named after the Dims."""
     dims = dims_of(model, example_args, dynamic_shapes)
     sizes = trace_sizes(static_dims([x.shape for x in example_args], dims), dims, requested_sizes)
-    return traced(lambda point: import_fixed(_inputs_at(example_args, dims, point)), fuse, sizes)
+    lower = {name: lo for name, lo, _ in dims.values() if lo}
+    return traced(lambda point: import_fixed(_inputs_at(example_args, dims, point)), fuse, sizes, lower)
 
 
-def traced(import_at, fuse, sizes):
+def traced(import_at, fuse, sizes, lower=None):
     """``import_at(point)`` (a module traced at ``point``: dim name -> size) at every point of
-    ``grid(sizes)``, each fused and generalized into one module."""
+    ``grid(sizes)``, each fused and generalized into one module (``lower``: the Dims' ``min``)."""
     points = grid(sizes)
     mods, first = [], None
     for point in points:
@@ -126,7 +127,7 @@ def traced(import_at, fuse, sizes):
         mods.append(relax.transform.DeadCodeElimination()(fuse(mod)))
     symbols = {name: tirx.Var(name, "int64") for name in sizes}
     try:
-        return generalize(mods, points, symbols)
+        return generalize(mods, points, symbols, lower)
     except GeneralizeError as err:
         raise GeneralizeError(f"{err}{_near_misses(first)}") from None
     except Exception as err:      # a TVM failure inside rebuilding: say where we were

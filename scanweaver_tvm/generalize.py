@@ -42,16 +42,17 @@ def grid(sizes):
 class _Fit:
     """Fits integers seen at the trace points as polynomials in the dims' Vars."""
 
-    def __init__(self, points, dims):
+    def __init__(self, points, dims, lower=None):
         self.points, self.dims = points, dims
         names = list(dims)
         self.monomials = [s for r in range(len(names) + 1) for s in itertools.combinations(names, r)]
         self.design = np.array([[np.prod([p[n] for n in m]) for m in self.monomials] for p in points],
                                dtype=np.float64)
         self.analyzer = tvm.sym.Analyzer()
-        self.positive = tvm.sym.Analyzer()      # knows every dim >= 1 (for proofs, not simplify)
-        for var in dims.values():
-            self.positive.update(var, tvm.sym.ConstIntBound(1, tvm.sym.ConstIntBound.POS_INF), override=True)
+        self.positive = tvm.sym.Analyzer()      # knows every dim >= its lower bound (for proofs, not simplify)
+        for name, var in dims.items():
+            low = max(1, int((lower or {}).get(name) or 1))
+            self.positive.update(var, tvm.sym.ConstIntBound(low, tvm.sym.ConstIntBound.POS_INF), override=True)
 
     def coefficients(self, values):
         """Integer coefficients per monomial, or None when no such polynomial fits exactly."""
@@ -273,24 +274,42 @@ class _Unifier:
         return self.inbound_slice(call) if name == "relax.strided_slice" else call
 
     def inbound_slice(self, call):
-        """A strided_slice whose bounds are provably inside its axes for every dim >= 1, marked
-        ``assume_inbound``.  Otherwise Relax infers its shape with ``if_then_else`` and min/max
-        of the dims, which TVM 0.27 then cannot infer further ("Cannot find the FInferType ...
-        prim.if_then_else"), and a match_cast of it crashes FuseOps/FuseTIR."""
+        """A strided_slice whose bounds are provably inside its axes for every dim at or above
+        its lower bound (1, or the Dim's ``min``), marked ``assume_inbound``; bounds counted from
+        the end (``x[..., -4:]``, ``x[:, -L:]``) and ends past it (``INT64_MAX``) are first
+        rewritten from the start.  Otherwise Relax infers its shape with ``if_then_else`` and
+        min/max of the dims, which TVM 0.27 then cannot infer further ("Cannot find the
+        FInferType ... prim.if_then_else"); a match_cast of it crashes FuseOps/FuseTIR, and
+        compiling such shapes overflowed the compiler's stack (a decode cache's ``[..., -4:]``)."""
         data, axes, begins, ends = call.args[:4]
         strides = call.args[4] if len(call.args) > 4 else None
         shape = getattr(getattr(data, "ty", None), "shape", None)
         if call.attrs.assume_inbound or shape is None:
             return call
         positive = self.fit.positive
+        new_begins, new_ends = [], []
         for i, axis in enumerate(axes.fields):
             extent = shape.values[int(axis.value)]
             step = strides.fields[i] if strides is not None else tirx.IntImm("int64", 1)
-            begin, end = begins.fields[i], ends.fields[i]
+            begin, end = (self._from_start(x, extent) for x in (begins.fields[i], ends.fields[i]))
             if not (isinstance(step, tirx.IntImm) and int(step.value) == 1
                     and all(positive.can_prove(c) for c in (begin >= 0, begin <= end, end <= extent))):
                 return call
-        return relax.op.strided_slice(data, axes, begins, ends, strides, assume_inbound=True)
+            new_begins.append(begin)
+            new_ends.append(end)
+        return relax.op.strided_slice(data, axes, new_begins, new_ends, strides, assume_inbound=True)
+
+    def _from_start(self, bound, extent):
+        """A slice bound counted from the start of an axis of ``extent``: a provably negative one
+        plus the extent, one provably past the end the extent itself."""
+        positive = self.fit.positive
+        if isinstance(bound, tirx.IntImm) and int(bound.value) >= 1 << 62:    # "to the end" (INT64_MAX)
+            return extent
+        if positive.can_prove(bound < 0):
+            return self.fit.analyzer.simplify(extent + bound)
+        if positive.can_prove(bound >= extent):
+            return extent
+        return bound
 
     def spec(self, nodes, what):
         """A scan's spec (JSON): a field that differs becomes the text of its polynomial (a
@@ -391,13 +410,14 @@ def _less_specific(inferred, fitted):
     return False
 
 
-def generalize(mods, points, dims):
+def generalize(mods, points, dims, lower=None):
     """One IRModule from ``mods`` (the traces, fused), traced at ``points`` (dim name -> size,
     one dict per module, the first ``2**len(dims)`` a full grid), with ``dims`` (name ->
-    ``tirx.Var``) symbolic.  Raises ``GeneralizeError`` naming what does not generalize."""
+    ``tirx.Var``) symbolic; ``lower`` (name -> int): the smallest size each dim may take (a
+    Dim's ``min``; 1 when absent).  Raises ``GeneralizeError`` naming what does not generalize."""
     if len(mods) != len(points) or len(points) < 2 ** len(dims):
         raise ValueError(f"generalize: {len(mods)} traces at {len(points)} points for {len(dims)} dims")
-    unifier = _Unifier(len(mods), _Fit(points, dims))
+    unifier = _Unifier(len(mods), _Fit(points, dims, lower))
     names = [gv.name_hint for gv in mods[0].get_global_vars()]
     out = {}
     for name in names:
