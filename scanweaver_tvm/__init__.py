@@ -4,14 +4,16 @@ The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` / ``StabilizedScanSp
 stage; ``reference`` holds their float64 oracles; ``algebra`` the affine-pair composition (all
 three defined in ``scanweaver_core``, the vocabulary every layer shares).  The model-level API
 (``from_torch``, ``from_onnx``, ``find_recurrences``, ``FuseAffineRecurrences``, ``compile``,
-``pipeline``) lives in ``api`` and is loaded on first use.
+``pipeline``) lives in ``api`` and is loaded on first use; ``compile_causal_lm`` (prefill,
+decode and ``generate`` of a transformers causal LM) in ``causal_lm``.
 """
 from scanweaver_core import algebra, reference
 from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
         "pipeline", "compile")
-__all__ = ["AffineScanSpec", "SelectiveScanSpec", "StabilizedScanSpec", "algebra", "reference", *_API, "tune"]
+__all__ = ["AffineScanSpec", "SelectiveScanSpec", "StabilizedScanSpec", "algebra", "reference", *_API, "tune",
+           "compile_causal_lm"]
 
 
 def _use_every_core():
@@ -60,4 +62,7 @@ def __getattr__(name):
     if name == "tune":  # MetaSchedule search over the realizations (tuning.py)
         from .tuning import tune
         return tune
+    if name == "compile_causal_lm":
+        from .causal_lm import compile_causal_lm
+        return compile_causal_lm
     raise AttributeError(f"module 'scanweaver_tvm' has no attribute {name!r}")

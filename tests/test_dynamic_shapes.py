@@ -205,3 +205,26 @@ def test_generalized_length_through_the_mlir_route():
     batch = sw.from_torch(model, args, dynamic_shapes=({0: Dim("batch"), 1: Dim("L")},))
     with pytest.raises(ValueError, match="symbolic .* not supported yet; use realization='tir'"):
         sw.compile(batch, "llvm", realization="mlir")
+
+
+class LastWindow(torch.nn.Module):
+    """A conv cache's update: the last 4 steps of the input (``x[..., -4:]``) and the input
+    from ``-L`` (``x[:, -x.shape[1]:]``, HF Mamba's slice after its cached conv)."""
+
+    def forward(self, x):
+        return x[..., -4:, :] * 2.0, x[:, -x.shape[1]:] + 1.0
+
+
+def test_slices_from_the_end_are_static_under_the_dims_min():
+    """With ``Dim("L", min=4)`` the last-4 window has the static shape (1, 4, 8) (its bounds
+    rewritten from the start, in bounds for every L >= 4) and ``-L:`` is the whole axis; the
+    executable is right at lengths never traced."""
+    model = LastWindow()
+    x = torch.randn(1, 9, 8)
+    mod = sw.from_torch(model, (x,), dynamic_shapes={"x": {1: Dim("L", min=4)}})
+    assert [int(d) for d in mod["main"].ret_ty.fields[0].shape.values] == [1, 4, 8]
+    assert "if_then_else" not in mod.script(show_meta=False)
+    vm = executable(mod)
+    for length in (4, 5, 64, 1001):
+        args = (torch.randn(1, length, 8),)
+        assert_outputs_match(run(vm, args), expected(model, args), rtol=1e-6)

@@ -1,0 +1,117 @@
+"""``sw.compile_causal_lm``: a transformers causal LM served as ``prefill`` (any prompt length,
+one executable) and ``decode`` (one token, states carried), and ``generate`` equal to
+transformers' ``generate`` token for token.  Tiny configs, random weights."""
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import scanweaver_tvm as sw
+from harness import assert_outputs_match
+
+
+def tiny_mamba(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                                   conv_kernel=4)
+    return transformers.MambaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def mamba():
+    model = tiny_mamba()
+    return model, sw.compile_causal_lm(model)
+
+
+def _prompt(batch, length, seed):
+    return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _expected_generate(model, ids, **kwargs):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 9, 37])
+def test_greedy_tokens_equal_transformers(mamba, length):
+    """One executable for every prompt length (shorter than the conv window: decoded from zero
+    states; from it on: one prefill call over a symbolic L)."""
+    model, lm = mamba
+    ids = _prompt(1, length, length)
+    got = lm.generate(ids, max_new_tokens=12)
+    assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=12))
+    assert len(lm._built) == 1
+
+
+def test_batch_of_two(mamba):
+    model, lm = mamba
+    ids = _prompt(2, 11, 5)
+    got = lm.generate(ids, max_new_tokens=8)
+    assert got.shape == (2, 19)
+    assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=8))
+
+
+def test_prefill_and_decode_logits_and_states(mamba):
+    """prefill's last-position logits and states, then one decode step, against the model's own
+    forward with its cache."""
+    model, lm = mamba
+    ids = _prompt(1, 13, 7)
+    logits, states = lm.prefill(ids)
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        want = model(ids, cache=cache, use_cache=True).logits[:, -1]
+    assert_outputs_match([logits.numpy()], [want.numpy()], rtol=1e-4)
+    for got, ref in zip(states, lm.layout.flatten(cache)):
+        assert_outputs_match([got.numpy()], [ref.numpy()], rtol=1e-4)
+    nxt = int(want.argmax(-1))
+    logits, states = lm.decode(np.array([nxt]), states)
+    with torch.no_grad():
+        want = model(torch.tensor([[nxt]]), cache=cache, use_cache=True).logits[:, -1]
+    assert_outputs_match([logits.numpy()], [want.numpy()], rtol=1e-4)
+    assert [tuple(s.shape) for s in states] == [s.shape for s in lm.layout.slots]
+
+
+def test_sampling_is_seeded_and_valid(mamba):
+    _, lm = mamba
+    ids = _prompt(1, 6, 3)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(lm.generate(ids, max_new_tokens=10, do_sample=True, temperature=0.8, top_k=20, top_p=0.9))
+    assert torch.equal(runs[0], runs[1])
+    new = runs[0][:, 6:]
+    assert new.shape == (1, 10) and int(new.min()) >= 0 and int(new.max()) < 96
+
+
+def test_eos_stops_generation(mamba):
+    model, lm = mamba
+    ids = _prompt(1, 8, 9)
+    greedy = lm.generate(ids, max_new_tokens=6)
+    eos = int(greedy[0, 9])                   # the second new token
+    got = lm.generate(ids, max_new_tokens=6, eos_token_id=eos)
+    assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=6, eos_token_id=eos,
+                                               pad_token_id=eos))
+
+
+def test_module_has_both_entry_points(mamba):
+    _, lm = mamba
+    mod = lm.module()
+    assert {"prefill", "decode"} <= {gv.name_hint for gv in mod.get_global_vars()}
+    length = mod["prefill"].params[0].ty.shape.values[1]
+    assert str(length) == "L"
+    assert mod.script(show_meta=False).count("scanweaver.selective_scan") == 2     # one per layer
+
+
+def test_attention_caches_are_refused_by_name():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with pytest.raises(NotImplementedError, match="cache layer 0 is DynamicLayer"):
+        sw.compile_causal_lm(model)
+
+
+def test_bad_token_ids_are_named(mamba):
+    _, lm = mamba
+    with pytest.raises(ValueError, match="token ids"):
+        lm.generate(np.zeros((1, 2, 3), dtype=np.int64))
