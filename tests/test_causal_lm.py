@@ -115,3 +115,27 @@ def test_bad_token_ids_are_named(mamba):
     _, lm = mamba
     with pytest.raises(ValueError, match="token ids"):
         lm.generate(np.zeros((1, 2, 3), dtype=np.int64))
+
+
+def _family(name):
+    torch.manual_seed(0)
+    if name == "falcon_mamba":
+        cfg = transformers.FalconMambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2,
+                                             expand=2, conv_kernel=4)
+        return transformers.FalconMambaForCausalLM(cfg).eval(), "scanweaver.selective_scan"
+    cfg = transformers.Mamba2Config(vocab_size=96, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2,
+                                    head_dim=16, num_heads=8, n_groups=1, conv_kernel=4, chunk_size=8)
+    return transformers.Mamba2ForCausalLM(cfg).eval(), "scanweaver.matrix_scan"
+
+
+@pytest.mark.parametrize("family", ["falcon_mamba", "mamba2"])
+def test_families_greedy_tokens_equal_transformers(family):
+    """FalconMamba (normalized B, C, dt) and Mamba-2 (chunked SSD in the prompt, a (heads,
+    head_dim, N) state per layer): each prompt's scans fused, tokens equal to transformers'."""
+    model, op = _family(family)
+    lm = sw.compile_causal_lm(model)
+    for length in (2, 6, 21):
+        ids = _prompt(1, length, length)
+        got = lm.generate(ids, max_new_tokens=8)
+        assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=8)), (family, length)
+    assert lm.module().script(show_meta=False).count(op) == 2
