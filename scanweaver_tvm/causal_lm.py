@@ -13,9 +13,27 @@ batch size.  Attention layers' key/value caches (the hybrids) are not carried ye
 model raises ``NotImplementedError`` naming the layer.
 """
 import inspect
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass
+class Timings:
+    """Wall times of one ``generate``: the prompt's prefill and the decode steps after it."""
+    prompt_tokens: int
+    prefill_s: float
+    decode_steps: int = 0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self):
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("inf")
+
+    @property
+    def decode_tokens_per_s(self):
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,7 @@ class CompiledCausalLM:
             _run(model, torch.zeros((1, 2), dtype=torch.long), cache)
         self.layout = StateLayout.of(cache)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
+        self.last_timings = None          # Timings of the last generate
 
     def module(self, batch=1):
         """The IRModule of ``prefill`` and ``decode`` at batch ``batch`` (imported, not lowered)."""
@@ -208,7 +227,12 @@ class CompiledCausalLM:
         eos = set(np.atleast_1d(eos_token_id).tolist()) if eos_token_id is not None else set()
         pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
         done = torch.zeros(ids.shape[0], dtype=torch.bool)
+        self._build(ids.shape[0])                      # compiled before the clock starts
+        start = time.perf_counter()
         logits, states = self.prefill(ids.numpy())
+        timings = Timings(ids.shape[1], time.perf_counter() - start)
+        self.last_timings = timings
+        start = time.perf_counter()
         out = [ids]
         for step in range(max_new_tokens):
             scores = torch.from_numpy(logits.numpy())
@@ -219,6 +243,8 @@ class CompiledCausalLM:
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
             logits, states = self.decode(nxt.numpy(), states)
+            timings.decode_steps += 1
+            timings.decode_s = time.perf_counter() - start
         return torch.cat(out, dim=1)
 
 

@@ -24,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import cli_mlir
+from . import cli_generate, cli_mlir
 from .cli_model import CLIError, _describe, _import_model, _one_line, model_arg
 
 PROG = "scanweaver-tvm"
@@ -498,6 +498,7 @@ def build_parser():
 
     cli_mlir.add_parser(sub, [model, common], argparse.RawDescriptionHelpFormatter, _MODEL_HELP,
                         DEFAULT_CUDA_ARCH)
+    cli_generate.add_parser(sub, [common], argparse.RawDescriptionHelpFormatter, _positive)
     return parser
 
 

@@ -139,3 +139,30 @@ def test_families_greedy_tokens_equal_transformers(family):
         got = lm.generate(ids, max_new_tokens=8)
         assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=8)), (family, length)
     assert lm.module().script(show_meta=False).count(op) == 2
+
+
+def test_cli_generate_prints_tokens_and_rates(tmp_path, capsys):
+    """``scanweaver-tvm generate MODEL_DIR``: a saved checkpoint, greedy tokens equal to
+    transformers', and the two rates."""
+    from scanweaver_tvm import cli
+
+    model = tiny_mamba(1)
+    model.save_pretrained(tmp_path)
+    ids = [5, 17, 3, 40, 22, 9]
+    assert cli.main(["generate", str(tmp_path), "--prompt-ids", ",".join(map(str, ids)),
+                     "--max-new-tokens", "5", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    want = _expected_generate(model, torch.tensor([ids]), max_new_tokens=5)[0, len(ids):].tolist()
+    assert lines[0] == " ".join(map(str, want))
+    assert lines[1].startswith("prefill: 6 tokens in ") and "tokens/s" in lines[1]
+    assert lines[2].startswith("decode: 4 steps in ") and "tokens/s" in lines[2]
+
+
+def test_cli_generate_bad_input_is_one_line(tmp_path, capsys):
+    from scanweaver_tvm import cli
+
+    assert cli.main(["generate", str(tmp_path / "missing"), "--prompt-ids", "1,2", "-q"]) == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err
+    tiny_mamba().save_pretrained(tmp_path)
+    assert cli.main(["generate", str(tmp_path), "--prompt-ids", "1,x", "-q"]) == 2
+    assert "--prompt-ids: expected integers" in capsys.readouterr().err
