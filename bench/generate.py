@@ -1,0 +1,124 @@
+"""Generation on the CPU: ``sw.compile_causal_lm`` (prefill + decode, states carried) next to
+transformers' ``generate`` (eager, its own cache), measured in one run.
+
+    python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3] [--out bench/out_generate]
+
+The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
+vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
+tokens, greedy.  Reported (medians of interleaved rounds): time to the first token (ours: one
+prefill call; transformers: ``generate(max_new_tokens=1)``), decode tokens/s (ours: the decode
+steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / (new - 1)), and
+the bandwidth floor of a decode step: the bytes of the weights read once per token divided by
+the copy bandwidth measured here (numpy copy of 256 MB, best of 5).  The tokens are checked
+equal.  Writes ``generate.json`` / ``.md`` into ``--out``.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+from . import outputs  # noqa: E402
+
+
+def copy_bandwidth(mb=256, repeats=5):
+    """Bytes/s of a numpy copy (read + write counted once each: 2 x size per copy)."""
+    src = np.ones(mb * (1 << 20) // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best
+
+
+def weight_bytes(model):
+    """Bytes read per decode token: every parameter once (tied lm head and embedding once; the
+    embedding row itself is one row, counted with the head)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def main(argv=None):
+    import torch
+    import transformers
+
+    import scanweaver_tvm as sw
+
+    from .scan import _machine
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=args.layers,
+                                   expand=2)
+    model = transformers.MambaForCausalLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    start = time.perf_counter()
+    lm = sw.compile_causal_lm(model)
+    lm.module()
+    compile_s = time.perf_counter() - start
+    print(f"compiled in {compile_s:.1f} s", flush=True)
+
+    def hf(n):
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+            return out, time.perf_counter() - start
+    ours = lm.generate(ids, max_new_tokens=args.new)
+    want, _ = hf(args.new)
+    same = torch.equal(ours, want)
+    rows = {"ours_ttft": [], "ours_decode": [], "hf_ttft": [], "hf_total": []}
+    for i in range(args.rounds):
+        for name in (("ours", "hf") if i % 2 == 0 else ("hf", "ours")):
+            if name == "ours":
+                lm.generate(ids, max_new_tokens=args.new)
+                t = lm.last_timings
+                rows["ours_ttft"].append(t.prefill_s)
+                rows["ours_decode"].append(t.decode_tokens_per_s)
+            else:
+                rows["hf_ttft"].append(hf(1)[1])
+                rows["hf_total"].append(hf(args.new)[1])
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
+    bandwidth = copy_bandwidth()
+    floor_s = weight_bytes(model) / bandwidth
+    result = {"machine": _machine(), "layers": args.layers, "prompt": args.prompt, "new": args.new,
+              "compile_s": compile_s, "tokens_equal": same, "rounds": rows, "medians": med,
+              "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
+              "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s}
+    ours_step = 1e3 / med["ours_decode"]
+    lines = [f"# Generation, HF Mamba at the real width ({args.layers} layers, hidden 768, vocab 50280), CPU", "",
+             f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
+             f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}.",
+             "", "| | first token ms | decode tokens/s | decode ms/token |", "|---|---|---|---|",
+             f"| ours (compile_causal_lm) | {1e3 * med['ours_ttft']:.1f} | {med['ours_decode']:.1f} | {ours_step:.2f} |",
+             f"| transformers generate | {1e3 * med['hf_ttft']:.1f} | {hf_decode:.1f} | {1e3 / hf_decode:.2f} |",
+             f"| ratio (ours / transformers) | {med['hf_ttft'] / med['ours_ttft']:.2f}x faster | "
+             f"{med['ours_decode'] / hf_decode:.2f}x | |", "",
+             f"Bandwidth floor: {result['weight_MB']:.0f} MB of weights per token at {bandwidth / 1e9:.1f} GB/s "
+             f"(numpy copy) = {1e3 * floor_s:.2f} ms/token; ours is {ours_step / (1e3 * floor_s):.2f}x the floor. "
+             f"Compile (prefill + decode): {compile_s:.0f} s."]
+    print("\n".join(lines))
+    outputs.write(args.out, "generate", result, "\n".join(lines) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
