@@ -133,3 +133,22 @@ def test_norms_and_depthwise_convs_get_dlights_reduction_rule():
         assert "T.parallel(" in texts[name], name
     assert any("conv1d" in n for n in texts) and any("mean" in n for n in texts)
     assert_outputs_match(run_model(sw.from_torch(model, [x]), [x]), torch_outputs(model, [x]), rtol=1e-5)
+
+
+class Transpose(torch.nn.Module):
+    def forward(self, x):
+        return x.transpose(1, 2) + 1.0
+
+
+@pytest.mark.parametrize("shape", [(1, 1536, 512), (2, 37, 300), (3, 8, 40)])
+def test_transposes_are_walked_in_tiles(shape):
+    """(B, D, L) -> (B, L, D): 16 x 16 tiles, the inner axis vectorized when 16 divides it;
+    too short an axis (8) keeps the plain loop; equal to PyTorch, ragged edges included."""
+    x = torch.randn(*shape)
+    (func,) = prim_funcs(legalized(Transpose(), x)).values()
+    text = func.script()
+    tiled = min(shape[1:]) >= 16
+    rows = "in range(T.int64(16))" in text or "T.grid(T.int64(16), T.int64(16))" in text
+    assert rows == tiled, text                                                # a tile's rows
+    assert ("T.vectorized(" in text) == (shape[1] % 16 == 0 if tiled else np.prod(shape) % LANES == 0)
+    assert_outputs_match(run_model(sw.from_torch(Transpose(), [x]), [x]), torch_outputs(Transpose(), [x]), rtol=1e-6)

@@ -13,7 +13,9 @@ an intermediate buffer between stages.  Two things follow, both seen on whole mo
 So the rule inlines every stage it can into the last (DLight's ``try_inline``); when one
 all-spatial block is left (or several, each writing one output: a ``split``'s sections), its
 loops are fused, split into an outer loop (parallel once there is enough work) and an inner one
-of ``LANES`` elements (vectorized when it divides the extent).  Anything else (a reduction, an
+of ``LANES`` elements (vectorized when it divides the extent).  A block that transposes (its
+innermost axis reads its input along another axis: the (B, D, L) <-> (B, L, D) layout changes
+around convs and scans) is walked in 16 x 16 tiles instead.  Anything else (a reduction, an
 opaque block, stages that do not inline) returns None.
 """
 from tvm import s_tir, tirx
@@ -24,6 +26,7 @@ from .cpu_rule import GuardedCPURule
 
 LANES = 16                 # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 PARALLEL_MIN = 1 << 14     # elements below which the thread pool costs more than it saves
+TILE = 16                  # a transpose's square tile: 16 float32 = one 64-byte cache line a row
 
 
 class ElementwiseCPU(GuardedCPURule):
@@ -42,8 +45,53 @@ def _schedule(func):
     if not infos or not all(info.is_injective() for info in infos) or not _independent(sch, infos):
         return None
     for info in infos:
-        _parallel_vector_loop(sch, info.block_rv)
+        if not _tiled_transpose(sch, info):
+            _parallel_vector_loop(sch, info.block_rv)
     return sch
+
+
+def _transposed_iter(sch, info):
+    """The block iter that is the last index of a read which the innermost iter indexes along
+    another axis (``B[.., i, j] = A[.., j, i]``: a transpose), or None."""
+    iters = info.iters
+    if len(iters) < 2:
+        return None
+    inner = iters[-1].var
+    for read in sch.get(info.block_rv).reads:
+        index = [r.min for r in read.region]
+        if len(index) < 2 or not any(x.same_as(inner) for x in index[:-1]):
+            continue
+        return next((it for it in iters[:-1] if it.var.same_as(index[-1])), None)
+    return None
+
+
+def _tiled_transpose(sch, info):
+    """A transposing block in ``TILE x TILE`` tiles (its innermost axis and the one the input
+    is contiguous in), so both the reads and the writes of a tile stay in cache lines already
+    loaded; tiles in parallel, the innermost axis vectorized.  False when it is no transpose or
+    its two axes are not static and at least ``TILE`` long."""
+    axis = _transposed_iter(sch, info)
+    loops = [it.loop_rv for it in info.iters]
+    extents = [sch.get(loop).extent for loop in loops]
+    if axis is None or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return False
+    j = [it.var.same_as(axis.var) for it in info.iters].index(True)
+    n_inner, n_axis = int(extents[-1]), int(extents[j])
+    if min(n_inner, n_axis) < TILE:
+        return False
+    inner_o, inner_i = sch.split(loops[-1], [None, TILE])
+    axis_o, axis_i = sch.split(loops[j], [None, TILE])
+    outer = loops[:j] + [axis_o] + loops[j + 1:-1] + [inner_o]
+    sch.reorder(*outer, axis_i, inner_i)
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    total = 1
+    for e in extents:
+        total *= int(e)
+    if total >= PARALLEL_MIN:
+        sch.parallel(fused)
+    if n_inner % TILE == 0:
+        sch.vectorize(inner_i)
+    return True
 
 
 def _independent(sch, infos):
