@@ -152,11 +152,12 @@ def check(spec, rng, length=None, batch=None, **config):
     check_kernel(tir_schedules.build(spec, "llvm", **config)["scanweaver_scan"], spec, rng, length, batch)
 
 
-def check_kernel(kernel, spec, rng, length=None, batch=None):
+def check_kernel(kernel, spec, rng, length=None, batch=None, make=None, oracle=None):
     """``kernel`` on fresh operands (outputs poisoned with NaN) against the float64 oracle;
-    ``length`` and ``batch`` for a symbolic spec."""
-    x = operands(spec, rng, length, batch)
-    want, wants = expected(spec, x)
+    ``length`` and ``batch`` for a symbolic spec; ``make`` and ``oracle`` replace this file's
+    ``operands`` and ``expected`` (the DPLR rule's)."""
+    x = (make or operands)(spec, rng, length, batch)
+    want, wants = (oracle or expected)(spec, x)
     sizes = {spec.length: spec.length if length is None else length, spec.batch: spec.batch if batch is None else batch}
     shapes = [tuple(sizes.get(d, d) for d in s) for s in spec.output_shapes().values()]
     dtypes = spec.buffer_dtypes()

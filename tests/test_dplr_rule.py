@@ -11,7 +11,8 @@ import torch
 import tir_schedules
 from scanweaver_core import reference
 from scanweaver_core.spec import DeltaScanSpec
-from tests.harness import NP_DTYPES, TOL
+from tests.harness import NP_DTYPES
+from tests.test_delta_rule import check_kernel as delta_check_kernel
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")       # "Triton is not supported on current platform"
@@ -102,23 +103,8 @@ def check(spec, rng, length=None, batch=None, **config):
 
 
 def check_kernel(kernel, spec, rng, length=None, batch=None):
-    """``kernel`` on fresh operands (outputs poisoned with NaN) against the float64 oracle;
-    ``length`` and ``batch`` for a symbolic spec."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    x = operands(spec, rng, length, batch)
-    want, wants = expected(spec, x)
-    sizes = {spec.length: spec.length if length is None else length, spec.batch: spec.batch if batch is None else batch}
-    shapes = [tuple(sizes.get(d, d) for d in s) for s in spec.output_shapes().values()]
-    dtypes = spec.buffer_dtypes()
-    tensors = [tvm.runtime.tensor(np.full(s, np.nan, dtype=NP_DTYPES[dtypes[n]]))
-               for n, s in zip(spec.output_names(), shapes)]
-    kernel(*[tvm.runtime.tensor(np.ascontiguousarray(x[n])) for n in spec.operand_names()], *tensors)
-    for name, t, w in zip(spec.output_names(), tensors, [want, wants]):
-        got = t.numpy().astype(np.float64)
-        assert not np.isnan(got).any(), f"{name}: {int(np.isnan(got).sum())} elements never written"
-        err = float(np.abs(got - w).max()) / max(1.0, float(np.abs(w).max()))
-        tol = 5 * TOL[spec.dtype] if name == "o" else 5 * TOL["float32"]
-        assert err <= tol, f"{name} of {spec}: relative error {err:.3g} > {tol}"
+    """``kernel`` against the DPLR oracle (``test_delta_rule.check_kernel``'s checks)."""
+    delta_check_kernel(kernel, spec, rng, length, batch, make=operands, oracle=expected)
 
 
 @pytest.mark.parametrize("decay", ["none", "head", "key"])
