@@ -152,3 +152,18 @@ def test_transposes_are_walked_in_tiles(shape):
     assert rows == tiled, text                                                # a tile's rows
     assert ("T.vectorized(" in text) == (shape[1] % 16 == 0 if tiled else np.prod(shape) % LANES == 0)
     assert_outputs_match(run_model(sw.from_torch(Transpose(), [x]), [x]), torch_outputs(Transpose(), [x]), rtol=1e-6)
+
+
+def test_a_transpose_over_a_symbolic_length_is_tiled_and_right_at_every_length():
+    x = torch.randn(1, 48, 37)
+    mod = sw.from_torch(Transpose(), [x], dynamic_shapes={"x": {2: "L"}})
+    with AVX2:
+        scheduled = tvm.transform.Sequential(cpu.legalize_passes(AVX2) + [dl.ApplyDefaultSchedule(ElementwiseCPU())])(mod)
+    (func,) = prim_funcs(scheduled).values()
+    assert "T.grid(T.int64(16), T.int64(16))" in func.script() or "in range(T.int64(16))" in func.script()
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    for length in (1, 16, 17, 300):
+        a = torch.randn(1, 48, length)
+        got = vm["main"](tvm.runtime.tensor(a.numpy()))
+        got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+        np.testing.assert_array_equal(got, Transpose()(a).numpy())

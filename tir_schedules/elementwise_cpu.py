@@ -18,6 +18,7 @@ innermost axis reads its input along another axis: the (B, D, L) <-> (B, L, D) l
 around convs and scans) is walked in 16 x 16 tiles instead.  Anything else (a reduction, an
 opaque block, stages that do not inline) returns None.
 """
+import numpy as np
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base.common_schedules import try_inline
@@ -69,29 +70,30 @@ def _tiled_transpose(sch, info):
     """A transposing block in ``TILE x TILE`` tiles (its innermost axis and the one the input
     is contiguous in), so both the reads and the writes of a tile stay in cache lines already
     loaded; tiles in parallel, the innermost axis vectorized.  False when it is no transpose or
-    its two axes are not static and at least ``TILE`` long."""
+    one of its two axes is shorter than ``TILE`` (a symbolic one, L, counts as long)."""
     axis = _transposed_iter(sch, info)
-    loops = [it.loop_rv for it in info.iters]
-    extents = [sch.get(loop).extent for loop in loops]
-    if axis is None or not all(isinstance(e, tirx.IntImm) for e in extents):
+    if axis is None:
         return False
+    loops = [it.loop_rv for it in info.iters]
+    extents = [_static(sch.get(loop).extent) for loop in loops]       # None: symbolic (L)
     j = [it.var.same_as(axis.var) for it in info.iters].index(True)
-    n_inner, n_axis = int(extents[-1]), int(extents[j])
-    if min(n_inner, n_axis) < TILE:
+    n_inner, n_axis = extents[-1], extents[j]
+    if any(n is not None and n < TILE for n in (n_inner, n_axis)):
         return False
     inner_o, inner_i = sch.split(loops[-1], [None, TILE])
     axis_o, axis_i = sch.split(loops[j], [None, TILE])
     outer = loops[:j] + [axis_o] + loops[j + 1:-1] + [inner_o]
     sch.reorder(*outer, axis_i, inner_i)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    total = 1
-    for e in extents:
-        total *= int(e)
-    if total >= PARALLEL_MIN:
+    if None in extents or int(np.prod(extents)) >= PARALLEL_MIN:
         sch.parallel(fused)
-    if n_inner % TILE == 0:
+    if n_inner is not None and n_inner % TILE == 0:
         sch.vectorize(inner_i)
     return True
+
+
+def _static(extent):
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
 def _independent(sch, infos):
