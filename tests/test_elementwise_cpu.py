@@ -167,3 +167,28 @@ def test_a_transpose_over_a_symbolic_length_is_tiled_and_right_at_every_length()
         got = vm["main"](tvm.runtime.tensor(a.numpy()))
         got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
         np.testing.assert_array_equal(got, Transpose()(a).numpy())
+
+
+class CausalConv(torch.nn.Module):
+    """Mamba's depthwise causal conv with its bias, the slice back to L and SiLU."""
+
+    def __init__(self, channels=64, taps=4):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(channels, channels, taps, groups=channels, padding=taps - 1)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.conv(x)[..., :x.shape[-1]])
+
+
+@pytest.mark.parametrize("length", [61, 509])
+def test_depthwise_conv_rows_in_parallel_taps_outside(length):
+    """``ShortReductionCPU``: one parallel loop over the channels, the 4 taps outside the row's
+    positions, the SiLU epilogue per row; equal to PyTorch."""
+    torch.manual_seed(0)
+    model, x = CausalConv(512).eval(), torch.randn(1, 512, length)        # above PARALLEL_MIN
+    mod = sw.from_torch(model, [x])
+    with AVX2:
+        mod = tvm.transform.Sequential(cpu.legalize_passes(AVX2) + dense_cpu.schedule_passes()[:2])(mod)
+    (text,) = [f.script() for name, f in prim_funcs(mod).items() if "conv1d" in name]
+    assert text.count("T.parallel(") == 1 and "T.grid(T.int64(4), T.int64(" in text, text
+    assert_outputs_match(run_model(sw.from_torch(model, [x]), [x]), torch_outputs(model, [x]), rtol=1e-5)

@@ -25,6 +25,7 @@ from tvm.s_tir import dlight as dl
 
 from .cpu_rule import Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
+from .short_reduction_cpu import ShortReductionCPU
 
 MR = 8
 LANES = 16      # float32 lanes of a 512-bit vector
@@ -210,7 +211,7 @@ def _has_root(sch):
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
     ``elementwise_cpu``), then pack their constant weights once."""
-    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(),
+    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
                                                                    Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
             _split_layout_rewrite_preproc, relax.transform.FoldConstant()]
 
