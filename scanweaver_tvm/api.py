@@ -50,7 +50,7 @@ def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, tr
                                       model, example_args, dynamic_shapes, trace_sizes)
     with torch.no_grad(), warnings.catch_warnings(), _exportable_experts(model):
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
-        traced = _with_constants(model, kwargs) if kwargs else model
+        traced = _with_constants(model, kwargs) if kwargs or hasattr(model, "config") else model
         exported = torch.export.export(traced, tuple(example_args))
         mod = from_exported_program(exported, keep_params_as_input=False,
                                     custom_convert_map=torch_frontend.custom_convert_map())
@@ -79,7 +79,10 @@ def _exportable_experts(model):
 
 def _with_constants(model, kwargs):
     """``model`` with ``kwargs`` bound: as constants of the trace, not inputs of the exported
-    program (TVM's frontend takes only tensor inputs)."""
+    program (TVM's frontend takes only tensor inputs).  A transformers ``ModelOutput`` comes
+    back as its tuple (the same tensors in the same order as its pytree flattening):
+    ``torch.export`` found a ``RwkvCausalLMOutput`` "not a known type" in one full-suite run,
+    after other tests in the same process, so the trace does not rely on that registration."""
     import torch
 
     class Bound(torch.nn.Module):
@@ -88,7 +91,8 @@ def _with_constants(model, kwargs):
             self.model = model
 
         def forward(self, *args):
-            return self.model(*args, **kwargs)
+            out = self.model(*args, **kwargs)
+            return out.to_tuple() if hasattr(out, "to_tuple") else out
 
     return Bound()
 
