@@ -38,17 +38,20 @@ class Guarded(GuardedCPURule):
         return self.rule.apply(func, target, False)
 
 
+def elements(extents):
+    """The product of ``extents`` (ints or PrimExprs); a symbolic one makes it unbounded."""
+    total = 1
+    for e in extents:
+        if isinstance(e, tirx.IntImm):
+            total *= int(e.value)
+        elif isinstance(e, int):
+            total *= e
+        else:
+            return float("inf")
+    return total
+
+
 def _largest_buffer(func):
     """Elements of the largest parameter buffer (a symbolic one counts as unbounded)."""
-    largest = 0
-    for param in func.params:
-        shape = getattr(getattr(param, "ty", None), "shape", None)
-        if shape is None:
-            continue
-        size = 1
-        for dim in shape:
-            if not isinstance(dim, tirx.IntImm):
-                return float("inf")
-            size *= int(dim.value)
-        largest = max(largest, size)
-    return largest
+    shapes = [getattr(getattr(p, "ty", None), "shape", None) for p in func.params]
+    return max([elements(shape) for shape in shapes if shape is not None], default=0)

@@ -18,12 +18,11 @@ innermost axis reads its input along another axis: the (B, D, L) <-> (B, L, D) l
 around convs and scans) is walked in 16 x 16 tiles instead.  Anything else (a reduction, an
 opaque block, stages that do not inline) returns None.
 """
-import numpy as np
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base.common_schedules import try_inline
 
-from .cpu_rule import GuardedCPURule
+from .cpu_rule import GuardedCPURule, elements
 
 LANES = 16                 # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 PARALLEL_MIN = 1 << 14     # elements below which the thread pool costs more than it saves
@@ -75,7 +74,8 @@ def _tiled_transpose(sch, info):
     if axis is None:
         return False
     loops = [it.loop_rv for it in info.iters]
-    extents = [_static(sch.get(loop).extent) for loop in loops]       # None: symbolic (L)
+    spans = [sch.get(loop).extent for loop in loops]
+    extents = [int(e) if isinstance(e, tirx.IntImm) else None for e in spans]   # None: symbolic (L)
     j = [it.var.same_as(axis.var) for it in info.iters].index(True)
     n_inner, n_axis = extents[-1], extents[j]
     if any(n is not None and n < TILE for n in (n_inner, n_axis)):
@@ -85,15 +85,12 @@ def _tiled_transpose(sch, info):
     outer = loops[:j] + [axis_o] + loops[j + 1:-1] + [inner_o]
     sch.reorder(*outer, axis_i, inner_i)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if None in extents or int(np.prod(extents)) >= PARALLEL_MIN:
+    if elements(spans) >= PARALLEL_MIN:
         sch.parallel(fused)
     if n_inner is not None and n_inner % TILE == 0:
         sch.vectorize(inner_i)
     return True
 
-
-def _static(extent):
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
 def _independent(sch, infos):

@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base.common_schedules import try_inline
 
-from .cpu_rule import GuardedCPURule
+from .cpu_rule import GuardedCPURule, elements
 from .elementwise_cpu import LANES, PARALLEL_MIN
 
 MAX_TAPS = 16
@@ -51,7 +51,7 @@ class ShortReductionCPU(GuardedCPURule):
         rows, row, reduce_loops = loops[:n_s - 1], loops[n_s - 1], loops[n_s:]
         sch.reorder(*rows, *reduce_loops, row)
         fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-        if _work(extents[:n_s]) >= PARALLEL_MIN:
+        if elements(extents[:n_s]) >= PARALLEL_MIN:
             sch.parallel(fused)
         init = sch.decompose_reduction(red.block_rv, reduce_loops[0])
         _vectorize_last(sch, init)        # (the update's row loop is LLVM's to vectorize: TVM
@@ -60,20 +60,11 @@ class ShortReductionCPU(GuardedCPURule):
             epilogue = infos[1].block_rv
             sch.reverse_compute_at(epilogue, fused)
             inner = sch.get_loops(epilogue)[1:]
+            if len(inner) > 1:
+                sch.fuse(*inner)
             if inner:
-                sch.fuse(*inner) if len(inner) > 1 else None
                 _vectorize_last(sch, epilogue)
         return sch
-
-
-def _work(extents):
-    """Elements of the spatial domain (a symbolic extent counts as large)."""
-    total = 1
-    for e in extents:
-        if not isinstance(e, tirx.IntImm):
-            return float("inf")
-        total *= int(e)
-    return total
 
 
 def _vectorize_last(sch, block):
