@@ -38,13 +38,20 @@ class Timings:
 
 @dataclass(frozen=True)
 class StateSlot:
-    """One state tensor of the cache: layer ``layer``'s ``kind`` ("conv" | "recurrent")
-    state number ``index``; ``shape`` includes the batch."""
+    """One state tensor of the cache: layer ``layer``'s ``kind`` state number ``index``.
+    Kinds: "conv" and "recurrent" (a linear-attention layer's windows and states, fixed
+    shapes), "keys" and "values" (an attention layer's cache, (B, heads, T, head dim): T, the
+    tokens seen, grows by one a decode step).  ``shape`` includes the batch."""
     layer: int
     kind: str
     index: int
     shape: tuple
     dtype: str
+
+    @property
+    def grows(self):
+        """Whether the tensor gains a position (axis 2) with every token."""
+        return self.kind in ("keys", "values")
 
 
 class StateLayout:
@@ -56,30 +63,46 @@ class StateLayout:
 
     @classmethod
     def of(cls, cache):
-        """The layout of an initialized cache (after one prefill); attention layers refused."""
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+        """The layout of an initialized cache (after one prefill).  Sliding-window attention
+        (its window's position is a Python int of the cache) and other layers are refused."""
+        from transformers.cache_utils import (DummyLayer, DynamicLayer, DynamicSlidingWindowLayer,
+                                              LinearAttentionCacheLayerMixin)
 
         slots = []
         for i, layer in enumerate(cache.layers):
-            if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(
+                    layer, (LinearAttentionCacheLayerMixin, DynamicLayer, DummyLayer)):
                 raise NotImplementedError(
-                    f"cache layer {i} is {type(layer).__name__}: attention key/value caches are not "
-                    "carried yet (only linear-attention layers' conv and recurrent states)")
-            for kind, states, ready in (("conv", layer.conv_states, layer.is_conv_states_initialized),
-                                        ("recurrent", layer.recurrent_states, layer.is_recurrent_states_initialized)):
-                for idx, tensor in states.items():
-                    if ready[idx] and tensor is not None:
-                        slots.append(StateSlot(i, kind, idx, tuple(tensor.shape), str(tensor.dtype).split(".")[-1]))
+                    f"cache layer {i} is {type(layer).__name__}: not carried (linear-attention "
+                    "states and full attention's key/value caches are; sliding windows are not yet)")
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                for kind, states, ready in (("conv", layer.conv_states, layer.is_conv_states_initialized),
+                                            ("recurrent", layer.recurrent_states,
+                                             layer.is_recurrent_states_initialized)):
+                    for idx, tensor in states.items():
+                        if ready[idx] and tensor is not None:
+                            slots.append(StateSlot(i, kind, idx, tuple(tensor.shape), _dtype(tensor)))
+            if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None:
+                slots += [StateSlot(i, kind, 0, tuple(t.shape), _dtype(t))
+                          for kind, t in (("keys", layer.keys), ("values", layer.values))]
         if not slots:
             raise ValueError("the model's cache holds no state after a prefill: nothing to carry")
         return cls(slots)
+
+    @property
+    def grows(self):
+        """Whether any state gains a position a token (an attention layer's cache)."""
+        return any(s.grows for s in self.slots)
 
     def flatten(self, cache):
         """The cache's state tensors, in this layout's order."""
         out = []
         for s in self.slots:
             layer = cache.layers[s.layer]
-            out.append((layer.conv_states if s.kind == "conv" else layer.recurrent_states)[s.index])
+            if s.grows:
+                out.append(layer.keys if s.kind == "keys" else layer.values)
+            else:
+                out.append((layer.conv_states if s.kind == "conv" else layer.recurrent_states)[s.index])
         return out
 
     def load(self, cache, tensors):
@@ -87,6 +110,13 @@ class StateLayout:
         if a prefill had written them."""
         for s, t in zip(self.slots, tensors):
             layer = cache.layers[s.layer]
+            if s.grows:
+                layer.device, layer.is_initialized = t.device, True
+                if s.kind == "keys":
+                    layer.keys = t
+                else:
+                    layer.values = t
+                continue
             layer.dtype, layer.device = t.dtype, t.device
             if s.kind == "conv":
                 layer.conv_states[s.index] = t.clone()
@@ -96,6 +126,10 @@ class StateLayout:
                 layer.recurrent_states[s.index] = t.clone()
                 layer.is_recurrent_states_initialized[s.index] = True
             layer.has_previous_state[s.index] = True
+
+
+def _dtype(tensor):
+    return str(tensor.dtype).split(".")[-1]
 
 
 def _new_cache(model):
@@ -190,7 +224,7 @@ class CompiledCausalLM:
         """The states before any token (what a fresh cache holds)."""
         import tvm
 
-        return [tvm.runtime.tensor(np.zeros((batch,) + s.shape[1:], dtype=s.dtype)) for s in self.layout.slots]
+        return [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
 
     def prefill(self, input_ids):
         """``(logits (B, vocab) of the last position, states)`` after the prompt ``input_ids``."""
@@ -220,10 +254,16 @@ class CompiledCausalLM:
         """transformers' ``generate`` arguments and return value: ``(B, L + new)`` token ids
         (a torch tensor).  Greedy unless ``do_sample``; sampling draws with ``torch.multinomial``
         (seeded by ``torch.manual_seed`` or ``generator``).  A sequence that emitted
-        ``eos_token_id`` continues with ``pad_token_id`` (else eos) until all have."""
+        ``eos_token_id`` continues with ``pad_token_id`` (else eos) until all have; both
+        default to the model's ``generation_config``, as in transformers."""
         import torch
 
         ids = torch.as_tensor(_as_ids(input_ids))
+        defaults = getattr(self.model, "generation_config", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(defaults, "eos_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = getattr(defaults, "pad_token_id", None)
         eos = set(np.atleast_1d(eos_token_id).tolist()) if eos_token_id is not None else set()
         pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
         done = torch.zeros(ids.shape[0], dtype=torch.bool)
@@ -293,8 +333,13 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest):
     length = torch.export.Dim("L", min=shortest)
     pre = from_torch(prefill, (ids,), dynamic_shapes={"input_ids": {1: length}},
                      trace_sizes={"L": list(prompt_sizes)})
-    states = [torch.zeros((batch,) + s.shape[1:], dtype=getattr(torch, s.dtype)) for s in layout.slots]
-    dec = from_torch(decode, (torch.zeros((batch, 1), dtype=torch.long), *states))
+    states = [torch.zeros(_empty(s, batch, 1), dtype=getattr(torch, s.dtype)) for s in layout.slots]
+    token = torch.zeros((batch, 1), dtype=torch.long)
+    if layout.grows:       # attention caches: T positions seen, symbolic
+        dec = from_torch(decode, (token, *states),
+                         dynamic_shapes=[None] + [{2: "T"} if s.grows else None for s in layout.slots])
+    else:
+        dec = from_torch(decode, (token, *states))
     mod = tvm.IRModule()
     for name, source in (("prefill", pre), ("decode", dec)):
         for gv, func in source.functions_items():
@@ -304,6 +349,12 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest):
             mod[new] = func
     vm = relax.VirtualMachine(sw_compile(mod, target), tvm.cpu())
     return mod, vm
+
+
+def _empty(slot, batch, seen=0):
+    """The shape of ``slot`` at batch ``batch`` after ``seen`` tokens (only caches grow)."""
+    shape = (batch,) + slot.shape[1:]
+    return shape[:2] + (seen,) + shape[3:] if slot.grows else shape
 
 
 def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None):

@@ -117,6 +117,7 @@ class _Unifier:
         self.fit = fit
         self.var_maps = [dict() for _ in range(traces)]     # per trace: old Var -> new Var
         self.constants = {}
+        self.pending = []            # bindings an expression needs before its own (see ``positions``)
         self.where = "?"
 
     # -- errors ------------------------------------------------------------------------------
@@ -242,10 +243,29 @@ class _Unifier:
                 self.fail(f"{what}: a tensor constant whose shape follows the dims: "
                           + self.values([a.shape for a in arrays], "shapes"))
             if any(not np.array_equal(a, arrays[0]) for a in arrays[1:]):
-                self.fail(f"{what}: a tensor constant whose values follow the dims "
-                          f"(shape {arrays[0].shape}, {arrays[0].dtype})")
+                return self.positions(arrays, what)
             self.constants[key] = nodes[0]
         return self.constants[key]
+
+    def positions(self, arrays, what):
+        """An integer constant of consecutive values that follow the dims (a cache's position,
+        ``arange(1) + T``) as ``arange(start, start + n)`` of the fitted start (reshaped to 0-d
+        for a scalar); anything else fails."""
+        a0 = arrays[0]
+        start = self.fit.expr([int(a.reshape(-1)[0]) for a in arrays], str(a0.dtype)) \
+            if a0.dtype.kind == "i" and a0.ndim <= 1 and a0.size >= 1 else None
+        if start is None or any(not np.array_equal(a.reshape(-1), a.reshape(-1)[0] + np.arange(a.size))
+                                for a in arrays):
+            self.fail(f"{what}: a tensor constant whose values follow the dims "
+                      f"(shape {a0.shape}, {a0.dtype})")
+        count = tirx.IntImm(str(a0.dtype), a0.size)
+        seq = relax.Var(f"position{len(self.pending)}", relax.TensorType((a0.size,), str(a0.dtype)))
+        self.pending.append(relax.VarBinding(seq, relax.op.arange(start, start + count, 1, str(a0.dtype))))
+        if a0.ndim == 1:
+            return seq
+        scalar = relax.Var(f"position{len(self.pending)}", relax.TensorType((), str(a0.dtype)))
+        self.pending.append(relax.VarBinding(scalar, relax.op.reshape(seq, ())))
+        return scalar
 
     def call(self, nodes, what):
         n0 = nodes[0]
@@ -345,7 +365,14 @@ class _Unifier:
         self.where = f"binding {b0.var.name}"
         if any(type(b) is not type(b0) for b in bindings):
             self.fail("the binding kind changes")
+        self.pending = []
         value = bb.normalize(self.expr([b.value for b in bindings], ""))
+        before, self.pending = self.pending, []
+        made = self._binding(bb, bindings, value)
+        return before + (made if isinstance(made, list) else [made])
+
+    def _binding(self, bb, bindings, value):
+        b0 = bindings[0]
         tys = [b.var.ty for b in bindings]
         fitted = self.type(tys, "its type")
         if isinstance(b0, relax.MatchCast):

@@ -28,6 +28,10 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   ("Unsupported function types ['exp2.default']").  ``convert_exp2`` computes ``2 ** x`` with
   ``power`` in the result's dtype (float32 for an integer ``x``, as PyTorch; float16/bfloat16
   through float32).
+- ``torch.cat([torch.tensor([]), keys], dim=-2)`` (transformers' ``DynamicLayer`` on its
+  first update) fails the import ("Concat expects all input tensors to have same ndim"):
+  PyTorch skips empty 1-D operands of ``cat``, TVM's converter does not.  ``convert_cat``
+  drops them as PyTorch does.
 """
 import numpy as np
 import tvm
@@ -66,6 +70,20 @@ def convert_exp2(node, importer):
         x = emit(relax.op.astype(x, wide))
     out = emit(relax.op.power(relax.const(2.0, wide), x))
     return emit(relax.op.astype(out, dtype)) if dtype != wide else out
+
+
+def convert_cat(node, importer):
+    """``aten.cat`` without the empty 1-D operands PyTorch skips."""
+    args = importer.retrieve_args(node)
+    dim = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    parts = [x for x in args[0] if not (len(tensor_shape(x)) == 1 and _known(tensor_shape(x)[0]) == 0)]
+    if len(parts) == 1:
+        return parts[0]
+    return importer.block_builder.emit(relax.op.concat(parts or args[0], axis=dim))
+
+
+def _known(extent):
+    return int(extent) if isinstance(extent, (int, tvm.tirx.IntImm)) else None
 
 
 def convert_topk(node, importer):
