@@ -95,6 +95,7 @@ def fuse(mod, cumulative=False):
             found = finder(mod)                       # are no RWKV loop, no plain matrix scan)
             if any(not r.rejected for r in found):
                 mod, found = _fuse(mod, found)
+                mod = unpad(mod, prune_dead_bindings)   # (its output re-padded, then sliced)
             first += found
         chunked = find_chunked_scans(mod)
         if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains

@@ -12,6 +12,7 @@ the states after it.  The two imported functions go into one IRModule (``prefill
 batch size.  Attention layers' key/value caches (the hybrids) are not carried yet: such a
 model raises ``NotImplementedError`` naming the layer.
 """
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass
@@ -132,6 +133,22 @@ def _dtype(tensor):
     return str(tensor.dtype).split(".")[-1]
 
 
+@contextlib.contextmanager
+def torch_kernels():
+    """transformers' package kernels (fla's Triton, mamba_ssm's and causal_conv1d's CUDA) set
+    aside for their torch reference path, the path ``torch.export`` traces.  Inside, a model
+    runs eagerly on a CPU where fla is installed (Qwen3-Next, Kimi Linear: fla's Triton
+    kernels otherwise fail there) and computes what the trace computes."""
+    from transformers.integrations import hub_kernels
+
+    saved = hub_kernels.is_torchdynamo_exporting
+    hub_kernels.is_torchdynamo_exporting = lambda: True
+    try:
+        yield
+    finally:
+        hub_kernels.is_torchdynamo_exporting = saved
+
+
 def _new_cache(model):
     from transformers import DynamicCache
 
@@ -194,7 +211,7 @@ class CompiledCausalLM:
 
         self.model, self.target, self.prompt_sizes = model, target, prompt_sizes
         self.config = model.config
-        with torch.no_grad():
+        with torch.no_grad(), torch_kernels():
             cache = _new_cache(model)
             _run(model, torch.zeros((1, 2), dtype=torch.long), cache)
         self.layout = StateLayout.of(cache)
