@@ -102,15 +102,6 @@ def test_module_has_both_entry_points(mamba):
     assert mod.script(show_meta=False).count("scanweaver.selective_scan") == 2     # one per layer
 
 
-def test_attention_caches_are_refused_by_name():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with pytest.raises(NotImplementedError, match="cache layer 0 is DynamicLayer"):
-        sw.compile_causal_lm(model)
-
-
 def test_bad_token_ids_are_named(mamba):
     _, lm = mamba
     with pytest.raises(ValueError, match="token ids"):
