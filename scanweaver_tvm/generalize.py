@@ -306,10 +306,14 @@ class _Unifier:
         shape = getattr(getattr(data, "ty", None), "shape", None)
         if call.attrs.assume_inbound or shape is None:
             return call
+        # axes counted from the start too: TVM 0.27's dynamic slice fails on a negative one
+        # ("Check failed: axis < src_tensor_dim (-1 vs. 2)")
+        axes = [int(a.value) % len(shape.values) for a in axes.fields]
+        call = relax.op.strided_slice(data, axes, begins, ends, strides, assume_inbound=False)
         positive = self.fit.positive
         new_begins, new_ends = [], []
-        for i, axis in enumerate(axes.fields):
-            extent = shape.values[int(axis.value)]
+        for i, axis in enumerate(axes):
+            extent = shape.values[axis]
             step = strides.fields[i] if strides is not None else tirx.IntImm("int64", 1)
             begin, end = (self._from_start(x, extent) for x in (begins.fields[i], ends.fields[i]))
             if not (isinstance(step, tirx.IntImm) and int(step.value) == 1

@@ -228,3 +228,43 @@ def test_slices_from_the_end_are_static_under_the_dims_min():
     for length in (4, 5, 64, 1001):
         args = (torch.randn(1, length, 8),)
         assert_outputs_match(run(vm, args), expected(model, args), rtol=1e-6)
+
+
+class _PackedCheck(torch.nn.Module):
+    """transformers' packed-sequence check: positions' steps counted with an int64 cumsum,
+    and the last entries read through a negative axis."""
+    def forward(self, x):
+        pos = torch.arange(x.shape[1])[None]
+        starts = (torch.diff(pos, dim=-1, prepend=pos[:, :1] - 1) != 1).cumsum(-1)
+        return x * starts[..., None] + x[..., -2:].sum(-1, keepdim=True)
+
+
+def test_integer_cumsum_and_negative_axis_slice_over_symbolic_length():
+    """Two TVM 0.27 failures met on Qwen3-Next at a symbolic L: a negative slice axis ("axis <
+    src_tensor_dim (-1 vs. 2)") and the CPU pipeline's copy of a legalized cumsum ("variables
+    (L,) are used, but are not passed in as API arguments")."""
+    model = _PackedCheck()
+    mod = sw.from_torch(model, (torch.randn(1, 5, 3),), dynamic_shapes=({1: Dim("L")},))
+    vm = executable(mod)
+    for length in (1, 6, 100):
+        x = torch.randn(1, length, 3)
+        assert_outputs_match(run(vm, (x,))[:1], [model(x).numpy()], rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+def test_chunked_delta_models_generalize_over_length(family):
+    """Their chunk padding (to a multiple of 64) depends on L; once the chunked region is a
+    scan over L the padding goes (``unpad``) and one module serves every length."""
+    from scanweaver_tvm.causal_lm import torch_kernels
+    from test_causal_lm_hybrids import FAMILIES
+
+    torch.manual_seed(0)
+    model = FAMILIES[family][0]().eval()
+    mod = sw.from_torch(model, (torch.randint(0, 64, (1, 20)),), dynamic_shapes={"input_ids": {1: Dim("L")}})
+    assert mod.script(show_meta=False).count("scanweaver.delta_scan") == 1
+    vm = executable(mod)
+    for length in (3, 64, 65, 130):
+        x = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad(), torch_kernels():
+            want = model(x, use_cache=False).logits.numpy()
+        assert_outputs_match(run(vm, (x,))[:1], [want], rtol=1e-4)

@@ -211,9 +211,43 @@ def _has_root(sch):
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
     ``elementwise_cpu``), then pack their constant weights once."""
-    return [relax.transform.AttachAttrLayoutFreeBuffers(), dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
+    return [_attach_layout_free_buffers, dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
                                                                    Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
             _split_layout_rewrite_preproc, relax.transform.FoldConstant()]
+
+
+@tvm.transform.module_pass(opt_level=0, name="scanweaver.AttachAttrLayoutFreeBuffers")
+def _attach_layout_free_buffers(mod, _ctx):
+    """What TVM's ``AttachAttrLayoutFreeBuffers`` marks (a PrimFunc's buffers that a
+    ``call_tir`` passes constants to may change layout: ``DenseCPU`` packs such weights), on
+    a copy of the PrimFunc per set of such buffers.  Ours: TVM's pass copies every PrimFunc,
+    and over a symbolic shape its copy of a legalized ``cumsum`` gives the output buffer a
+    layout over a fresh ``L``, which the build then finds unbound ("variables (L,) are used,
+    but are not passed in as API arguments")."""
+    copies = {}                                   # (callee, indices) -> GlobalVar of the copy
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class _Marker(relax.PyExprMutator):
+        def visit_call_(self, call):               # pylint: disable=arguments-renamed
+            call = super().visit_call_(call)
+            if call.op != call_tir or not isinstance(mod[call.args[0]], tirx.PrimFunc):
+                return call
+            args = call.args[1].fields
+            indices = tuple(i for i, a in enumerate(args) if isinstance(a, tvm.ir.Constant))
+            if not indices:
+                return call
+            key = (call.args[0], indices)
+            if key not in copies:
+                func = mod[call.args[0]].with_attr("layout_free_buffers", list(indices))
+                copies[key] = self.builder_.add_func(func, f"{call.args[0].name_hint}_weights")
+            return relax.Call(call.op, [copies[key]] + list(call.args[1:]), call.attrs, call.ty_args)
+
+    marker = _Marker(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            marker.builder_.update_func(gv, marker.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(marker.builder_.get())
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.SplitLayoutRewritePreproc")
