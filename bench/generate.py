@@ -1,7 +1,8 @@
 """Generation on the CPU: ``sw.compile_causal_lm`` (prefill + decode, states carried) next to
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
-    python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3] [--out bench/out_generate]
+    python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
+                             [--scaling 256,1024,4096] [--out bench/out_generate]
 
 The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
 vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
@@ -10,7 +11,8 @@ prefill call; transformers: ``generate(max_new_tokens=1)``), decode tokens/s (ou
 steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / (new - 1)), and
 the bandwidth floor of a decode step: the bytes of the weights read once per token divided by
 the copy bandwidth measured here (numpy copy of 256 MB, best of 5).  The tokens are checked
-equal.  Writes ``generate.json`` / ``.md`` into ``--out``.
+equal.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
+executable, medians of ``--rounds``), the last against the first (the target: flat in L).  Writes ``generate.json`` / ``.md`` into ``--out``.
 """
 import argparse
 import os
@@ -49,6 +51,21 @@ def weight_bytes(model):
     return total
 
 
+def prefill_scaling(lm, lengths, rounds, vocab):
+    """Our prefill's microseconds per prompt token at each length (median of ``rounds``)."""
+    out = {}
+    for n in lengths:
+        ids = np.random.default_rng(n).integers(0, vocab, (1, n))
+        lm.prefill(ids)
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            lm.prefill(ids)
+            times.append(time.perf_counter() - start)
+        out[n] = 1e6 * statistics.median(times) / n
+    return out
+
+
 def main(argv=None):
     import torch
     import transformers
@@ -62,6 +79,7 @@ def main(argv=None):
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--scaling", default="256,1024,4096", help="prompt lengths of the prefill scaling ('' skips)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -96,13 +114,15 @@ def main(argv=None):
                 rows["hf_ttft"].append(hf(1)[1])
                 rows["hf_total"].append(hf(args.new)[1])
     med = {k: statistics.median(v) for k, v in rows.items()}
+    scaling = prefill_scaling(lm, [int(n) for n in args.scaling.split(",") if n], args.rounds, cfg.vocab_size)
     hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
     bandwidth = copy_bandwidth()
     floor_s = weight_bytes(model) / bandwidth
     result = {"machine": _machine(), "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "rounds": rows, "medians": med,
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
-              "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s}
+              "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
+              "prefill_us_per_token": scaling}
     ours_step = 1e3 / med["ours_decode"]
     lines = [f"# Generation, HF Mamba at the real width ({args.layers} layers, hidden 768, vocab 50280), CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
@@ -115,6 +135,11 @@ def main(argv=None):
              f"Bandwidth floor: {result['weight_MB']:.0f} MB of weights per token at {bandwidth / 1e9:.1f} GB/s "
              f"(numpy copy) = {1e3 * floor_s:.2f} ms/token; ours is {ours_step / (1e3 * floor_s):.2f}x the floor. "
              f"Compile (prefill + decode): {compile_s:.0f} s."]
+    if scaling:
+        first, last = min(scaling), max(scaling)
+        lines += ["", "Prefill cost per prompt token (ours, one executable): " + ", ".join(
+            f"{n}: {us:.0f} us" for n, us in sorted(scaling.items()))
+            + f"; {last} against {first}: {scaling[last] / scaling[first]:.2f}x."]
     print("\n".join(lines))
     outputs.write(args.out, "generate", result, "\n".join(lines) + "\n")
     return 0 if same else 1
