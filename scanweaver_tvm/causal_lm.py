@@ -106,6 +106,18 @@ class StateLayout:
                 out.append((layer.conv_states if s.kind == "conv" else layer.recurrent_states)[s.index])
         return out
 
+    def empty(self, model):
+        """The cache a prefill starts from."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=model.config)
+
+    def restore(self, model, tensors):
+        """A cache holding ``tensors`` (what ``flatten`` gave), as a decode step reads it."""
+        cache = self.empty(model)
+        self.load(cache, tensors)
+        return cache
+
     def load(self, cache, tensors):
         """Fill a fresh cache with ``tensors`` (copies: the model updates them in place), as
         if a prefill had written them."""
@@ -133,6 +145,70 @@ def _dtype(tensor):
     return str(tensor.dtype).split(".")[-1]
 
 
+class TensorTreeLayout:
+    """A model's own state container (RWKV's ``state`` list, xLSTM's ``xLSTMCache``), not a
+    transformers ``Cache``: every tensor in it, in one walk order (lists, tuples, dicts,
+    attributes), fixed shapes.  A decode step gets a copy of the container with its tensors
+    replaced; a prefill starts from none (the model makes its own initial state)."""
+
+    grows = False
+
+    def __init__(self, template, slots):
+        self.template, self.slots = template, tuple(slots)
+
+    @classmethod
+    def of(cls, cache):
+        leaves = _leaves(cache)
+        if not leaves:
+            raise ValueError(f"the model's {type(cache).__name__} holds no tensor after a prefill: nothing to carry")
+        return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t)) for i, t in enumerate(leaves)])
+
+    def flatten(self, cache):
+        return _leaves(cache)
+
+    def empty(self, model):
+        return None
+
+    def restore(self, model, tensors):
+        return _rebuilt(self.template, iter([t.clone() for t in tensors]))   # (models update them in place)
+
+
+def _leaves(x):
+    """The tensors of a state container, in walk order."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _leaves(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _leaves(v)]
+    if hasattr(x, "__dict__") and not isinstance(x, (torch.nn.Module, type)):
+        return [t for k, v in vars(x).items() if k != "config" for t in _leaves(v)]
+    return []
+
+
+def _rebuilt(x, tensors):
+    """``x`` with its tensors (``_leaves`` order) taken from ``tensors``."""
+    import copy
+
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return next(tensors)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebuilt(v, tensors) for v in x)
+    if isinstance(x, dict):
+        return {k: _rebuilt(v, tensors) for k, v in x.items()}
+    if _leaves(x):
+        out = copy.copy(x)
+        for k, v in vars(x).items():
+            if k != "config" and _leaves(v):
+                setattr(out, k, _rebuilt(v, tensors))
+        return out
+    return x
+
+
 @contextlib.contextmanager
 def torch_kernels():
     """transformers' package kernels (fla's Triton, mamba_ssm's and causal_conv1d's CUDA) set
@@ -149,21 +225,42 @@ def torch_kernels():
         hub_kernels.is_torchdynamo_exporting = saved
 
 
-def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
+_CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 
 
 def _cache_kwarg(model):
-    """The name ``model.forward`` takes its cache by (Mamba: ``cache``; most: ``past_key_values``)."""
+    """The name ``model.forward`` takes its state by (Mamba: ``cache``; RWKV: ``state``; most:
+    ``past_key_values``)."""
     params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return next((n for n in _CACHE_FIELDS if n in params), "past_key_values")
 
 
 def _run(model, input_ids, cache):
+    """``(last position's logits, the state after)``: the model's forward with its cache."""
     kwargs = {_cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1}
-    return model(input_ids=input_ids, **kwargs).logits[:, -1].float()
+    out = model(input_ids=input_ids, **kwargs)
+    after = next((out[n] for n in _CACHE_FIELDS if n in out and out[n] is not None), cache)
+    return out.logits[:, -1].float(), after
+
+
+def _layout(model):
+    """The state layout, from one eager prefill of two tokens: a transformers ``Cache`` or the
+    model's own container."""
+    import torch
+    from transformers import DynamicCache
+
+    with torch.no_grad(), torch_kernels():
+        if _cache_kwarg(model) in ("past_key_values", "cache"):
+            try:
+                cache = DynamicCache(config=model.config)
+                _run(model, torch.zeros((1, 2), dtype=torch.long), cache)
+                return StateLayout.of(cache)
+            except (AttributeError, TypeError):           # a cache of the model's own (xLSTM)
+                pass
+        _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), None)
+    if state is None:
+        raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
+    return TensorTreeLayout.of(state)
 
 
 def _steps(model, layout):
@@ -177,8 +274,7 @@ def _steps(model, layout):
             self.model = model
 
         def forward(self, input_ids):
-            cache = _new_cache(self.model)
-            logits = _run(self.model, input_ids, cache)
+            logits, cache = _run(self.model, input_ids, layout.empty(self.model))
             return (logits, *layout.flatten(cache))
 
     class Decode(torch.nn.Module):
@@ -187,9 +283,7 @@ def _steps(model, layout):
             self.model = model
 
         def forward(self, token_ids, *states):
-            cache = _new_cache(self.model)
-            layout.load(cache, states)
-            logits = _run(self.model, token_ids, cache)
+            logits, cache = _run(self.model, token_ids, layout.restore(self.model, states))
             return (logits, *layout.flatten(cache))
 
     return Prefill().eval(), Decode().eval()
@@ -211,10 +305,7 @@ class CompiledCausalLM:
 
         self.model, self.target, self.prompt_sizes = model, target, prompt_sizes
         self.config = model.config
-        with torch.no_grad(), torch_kernels():
-            cache = _new_cache(model)
-            _run(model, torch.zeros((1, 2), dtype=torch.long), cache)
-        self.layout = StateLayout.of(cache)
+        self.layout = _layout(model)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
         self.last_timings = None          # Timings of the last generate
 
@@ -238,9 +329,13 @@ class CompiledCausalLM:
         return max([s.shape[-1] for s in self.layout.slots if s.kind == "conv"] + [1])
 
     def zero_states(self, batch=1):
-        """The states before any token (what a fresh cache holds)."""
+        """The states before any token (what a fresh transformers cache holds).  A model with
+        a state container of its own makes its initial state inside its forward (RWKV's is not
+        zeros): there, start with ``prefill``."""
         import tvm
 
+        if isinstance(self.layout, TensorTreeLayout):
+            raise NotImplementedError(f"{type(self.model).__name__} makes its own initial state: start with prefill")
         return [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
 
     def prefill(self, input_ids):

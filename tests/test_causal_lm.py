@@ -110,6 +110,10 @@ def test_bad_token_ids_are_named(mamba):
 
 def _family(name):
     torch.manual_seed(0)
+    if name == "rwkv":         # its own state list (``state=``), not a transformers Cache
+        cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                      intermediate_size=64, context_length=1024)
+        return transformers.RwkvForCausalLM(cfg).eval(), "scanweaver.stabilized_scan"
     if name == "falcon_mamba":
         cfg = transformers.FalconMambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2,
                                              expand=2, conv_kernel=4)
@@ -119,10 +123,11 @@ def _family(name):
     return transformers.Mamba2ForCausalLM(cfg).eval(), "scanweaver.matrix_scan"
 
 
-@pytest.mark.parametrize("family", ["falcon_mamba", "mamba2"])
+@pytest.mark.parametrize("family", ["falcon_mamba", "mamba2", "rwkv"])
 def test_families_greedy_tokens_equal_transformers(family):
-    """FalconMamba (normalized B, C, dt) and Mamba-2 (chunked SSD in the prompt, a (heads,
-    head_dim, N) state per layer): each prompt's scans fused, tokens equal to transformers'."""
+    """FalconMamba (normalized B, C, dt), Mamba-2 (chunked SSD in the prompt, a (heads,
+    head_dim, N) state per layer) and RWKV (its WKV, max-stabilized, over a state list of its
+    own): each prompt's scans fused, tokens equal to transformers'."""
     model, op = _family(family)
     lm = sw.compile_causal_lm(model)
     for length in (2, 6, 21):
