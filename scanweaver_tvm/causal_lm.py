@@ -1,16 +1,18 @@
 """Serve what we compile: a causal LM as two entry points, ``prefill`` and ``decode``, with its
-recurrent states carried from one to the next, and ``generate`` on top.
+states carried from one to the next, and ``generate`` on top.
 
 Derived from the model's own code, not a model definition per family: transformers' cache
 (``DynamicCache``) keeps each linear-attention layer's conv window and recurrent state
-(``LinearAttentionCacheLayerMixin``: Mamba, Mamba-2, Gated DeltaNet, ...).  Both steps are
+(``LinearAttentionCacheLayerMixin``: Mamba, Mamba-2, Gated DeltaNet, ...) and each attention
+layer's keys and values (the hybrids: Jamba, Bamba, Zamba, Qwen3-Next, ...).  Both steps are
 traced through the model's own forward with that cache flattened into tensors
-(``StateLayout``): prefill from an empty cache over a prompt of symbolic length, decode one
-token from a cache loaded with the given states.  Each returns the last position's logits and
-the states after it.  The two imported functions go into one IRModule (``prefill``,
-``decode``), compiled once by ``sw.compile`` (the prompt's scans fused), one executable per
-batch size.  Attention layers' key/value caches (the hybrids) are not carried yet: such a
-model raises ``NotImplementedError`` naming the layer.
+(``StateLayout``): prefill from an empty cache over a prompt of symbolic length ``L``, decode
+one token from a cache loaded with the given states (attention caches over a symbolic ``T``
+positions seen, returned with ``T + 1``).  A model with a state container of its own (RWKV's
+``state`` list) is carried as its tensors (``TensorTreeLayout``).  Each step returns the last
+position's logits and the states after it.  The two imported functions go into one IRModule
+(``prefill``, ``decode``), compiled once by ``sw.compile`` (the prompt's scans fused), one
+executable per batch size.  Sliding-window attention caches are refused by layer.
 """
 import contextlib
 import inspect
@@ -301,8 +303,6 @@ class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
     def __init__(self, model, target="llvm", prompt_sizes=None):
-        import torch
-
         self.model, self.target, self.prompt_sizes = model, target, prompt_sizes
         self.config = model.config
         self.layout = _layout(model)
