@@ -76,14 +76,15 @@ def convert_cat(node, importer):
     """``aten.cat`` without the empty 1-D operands PyTorch skips."""
     args = importer.retrieve_args(node)
     dim = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    parts = [x for x in args[0] if not (len(tensor_shape(x)) == 1 and _known(tensor_shape(x)[0]) == 0)]
+    parts = [x for x in args[0] if not _empty_vector(tensor_shape(x))]
     if len(parts) == 1:
         return parts[0]
     return importer.block_builder.emit(relax.op.concat(parts or args[0], axis=dim))
 
 
-def _known(extent):
-    return int(extent) if isinstance(extent, (int, tvm.tirx.IntImm)) else None
+def _empty_vector(shape):
+    return shape is not None and len(shape) == 1 and isinstance(shape[0], (int, tvm.tirx.IntImm)) \
+        and int(shape[0]) == 0
 
 
 def convert_topk(node, importer):

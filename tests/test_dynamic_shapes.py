@@ -268,3 +268,29 @@ def test_chunked_delta_models_generalize_over_length(family):
         with torch.no_grad(), torch_kernels():
             want = model(x, use_cache=False).logits.numpy()
         assert_outputs_match(run(vm, (x,))[:1], [want], rtol=1e-4)
+
+
+class _Position(torch.nn.Module):
+    """A position read from a shape, as a cache's ``arange(1) + seen``: a constant per trace."""
+    def forward(self, x):
+        return x + torch.tensor([x.shape[1], x.shape[1] + 1]).to(x.dtype)
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.tensor([x.shape[1], 2 * x.shape[1]], dtype=x.dtype)
+
+
+def test_positions_that_follow_the_length_become_arange():
+    model = _Position()
+    mod = sw.from_torch(model, (torch.randn(3, 5, 2),), dynamic_shapes=({1: Dim("L")},))
+    assert "R.arange(L, L + 2" in mod.script(show_meta=False)
+    vm = executable(mod)
+    for length in (1, 9):
+        x = torch.randn(3, length, 2)
+        assert_outputs_match(run(vm, (x,))[:1], [model(x).numpy()], rtol=1e-6)
+
+
+def test_values_that_follow_the_length_but_are_no_positions_are_a_clear_error():
+    with pytest.raises(GeneralizeError, match=r"tensor constant whose values follow the dims \(shape \(2,\)"):
+        sw.from_torch(_Scaled(), (torch.randn(3, 5, 2),), dynamic_shapes=({1: Dim("L")},))
