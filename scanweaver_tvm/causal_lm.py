@@ -246,23 +246,19 @@ def _run(model, input_ids, cache):
 
 
 def _layout(model):
-    """The state layout, from one eager prefill of two tokens: a transformers ``Cache`` or the
-    model's own container."""
+    """The state layout, from one eager prefill of two tokens: from a ``DynamicCache`` where
+    the model takes a transformers cache (it fills the one it is given), else from none (RWKV's
+    ``state=``); what it holds after is a transformers ``Cache`` or a container of its own."""
     import torch
     from transformers import DynamicCache
+    from transformers.cache_utils import Cache
 
+    first = DynamicCache(config=model.config) if _cache_kwarg(model) in ("cache", "past_key_values") else None
     with torch.no_grad(), torch_kernels():
-        if _cache_kwarg(model) in ("past_key_values", "cache"):
-            try:
-                cache = DynamicCache(config=model.config)
-                _run(model, torch.zeros((1, 2), dtype=torch.long), cache)
-                return StateLayout.of(cache)
-            except (AttributeError, TypeError):           # a cache of the model's own (xLSTM)
-                pass
-        _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), None)
+        _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
     if state is None:
         raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
-    return TensorTreeLayout.of(state)
+    return StateLayout.of(state) if isinstance(state, Cache) else TensorTreeLayout.of(state)
 
 
 def _steps(model, layout):

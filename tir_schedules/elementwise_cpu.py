@@ -92,7 +92,6 @@ def _tiled_transpose(sch, info):
     return True
 
 
-
 def _independent(sch, infos):
     """Every block left writes a parameter of the function and reads none of the others' outputs
     (a ``split``'s sections: one block per output, each from the same input)."""
