@@ -166,9 +166,9 @@ def match_region(facts, ex, entries, tainted):
 
 
 def _match(facts, ex, reg):
+    q, k, v, beta, g, kb, vb = _roles(facts, reg)      # (quiet when no delta rule is in sight)
     if len(tensor_shape(ex.var) or ()) != 4:
         raise NotChunkedDelta(f"its output {tensor_shape(ex.var)} is not (B, H, L, value)")
-    q, k, v, beta, g, kb, vb = _roles(facts, reg)
     b, h, length = tensor_shape(g)[:3]
     key, value = tensor_shape(q)[-1], tensor_shape(v)[-1]
     decay = "key" if len(tensor_shape(g)) == 4 and tensor_shape(g)[3] != 1 else "head"   # ((B, H, L, 1): per head)
