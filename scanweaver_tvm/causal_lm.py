@@ -61,8 +61,14 @@ class StateLayout:
     """The cache's states in a fixed order, as a flat list of tensors (what the compiled
     functions take and return)."""
 
-    def __init__(self, slots):
+    def __init__(self, slots, paged=None):
         self.slots = tuple(slots)
+        self.paged = paged            # a PagedSpec: attention layers in TVM's paged KV cache instead
+        self.not_paged = None         # why attention caches stay tensors, where they do
+
+    def with_paged(self, spec):
+        """This layout with the attention caches of ``spec.layers`` in a paged KV cache."""
+        return StateLayout([s for s in self.slots if not s.grows], spec)
 
     @classmethod
     def of(cls, cache):
@@ -109,10 +115,16 @@ class StateLayout:
         return out
 
     def empty(self, model):
-        """The cache a prefill starts from."""
+        """The cache a prefill starts from (paged attention layers keep nothing: their keys and
+        values go to the paged cache as they come)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=model.config)
+        from .paged_attention import pass_through
+
+        cache = DynamicCache(config=model.config)
+        for i in (self.paged.layers if self.paged else ()):
+            cache.layers[i].update = pass_through(i)
+        return cache
 
     def restore(self, model, tensors):
         """A cache holding ``tensors`` (what ``flatten`` gave), as a decode step reads it."""
@@ -154,6 +166,7 @@ class TensorTreeLayout:
     replaced; a prefill starts from none (the model makes its own initial state)."""
 
     grows = False
+    paged = None
 
     def __init__(self, template, slots):
         self.template, self.slots = template, tuple(slots)
@@ -227,6 +240,8 @@ def torch_kernels():
         hub_kernels.is_torchdynamo_exporting = saved
 
 
+ROOM = 4096   # tokens a paged KV cache has room for after the prompt, unless told
+
 _CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 
 
@@ -237,9 +252,9 @@ def _cache_kwarg(model):
     return next((n for n in _CACHE_FIELDS if n in params), "past_key_values")
 
 
-def _run(model, input_ids, cache):
+def _run(model, input_ids, cache, **extra):
     """``(last position's logits, the state after)``: the model's forward with its cache."""
-    kwargs = {_cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1}
+    kwargs = {_cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1, **extra}
     out = model(input_ids=input_ids, **kwargs)
     after = next((out[n] for n in _CACHE_FIELDS if n in out and out[n] is not None), cache)
     return out.logits[:, -1].float(), after
@@ -248,7 +263,8 @@ def _run(model, input_ids, cache):
 def _layout(model):
     """The state layout, from one eager prefill of two tokens: from a ``DynamicCache`` where
     the model takes a transformers cache (it fills the one it is given), else from none (RWKV's
-    ``state=``); what it holds after is a transformers ``Cache`` or a container of its own."""
+    ``state=``); what it holds after is a transformers ``Cache`` or a container of its own.
+    Attention caches go to a paged KV cache where ``_paged_spec`` finds they can."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import Cache
@@ -258,7 +274,59 @@ def _layout(model):
         _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
     if state is None:
         raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
-    return StateLayout.of(state) if isinstance(state, Cache) else TensorTreeLayout.of(state)
+    if not isinstance(state, Cache):
+        return TensorTreeLayout.of(state)
+    layout = StateLayout.of(state)
+    spec = _paged_spec(model, layout) if layout.grows else None
+    return layout.with_paged(spec) if spec else layout
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name):
+    """``model`` runs (and traces) its attention layers with transformers' implementation ``name``."""
+    saved = model.config._attn_implementation
+    model.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = saved
+
+
+def _paged_spec(model, layout):
+    """A ``PagedSpec`` when every attention layer can live in one paged KV cache: the model
+    run with its attention through ``paged_attention`` (one eager prefill, the attention calls
+    recorded) uses one shape for all, and computes the logits its own attention does.  Else
+    None: the caches stay tensors."""
+    import torch
+
+    from . import paged_attention as paged
+
+    layers = sorted({s.layer for s in layout.slots if s.grows})
+    ids = (torch.arange(5) * 7 % model.config.vocab_size)[None]
+    try:
+        with torch.no_grad(), torch_kernels():
+            want, _ = _run(model, ids, layout.empty(model))
+            probe = StateLayout(layout.slots, paged.PagedSpec(tuple(layers), 0, 0, 0, ""))
+            with attention_implementation(model, paged.registered()), paged.recording() as calls:
+                got, _ = _run(model, ids, probe.empty(model))
+    except Exception as err:          # pylint: disable=broad-except (the tensor caches serve it)
+        return _not_paged(layout, f"its attention through the paged cache fails: {type(err).__name__}: {err}")
+    shapes = {(q.shape[1], k.shape[1], q.shape[3], k.shape[3], v.shape[3], str(q.dtype)) for _, q, k, v in calls}
+    if sorted({layer for layer, *_ in calls}) != layers:
+        return _not_paged(layout, f"attention calls seen at layers {sorted({c[0] for c in calls})}, "
+                                  f"caches at {layers}")
+    if len(shapes) != 1 or len(set(next(iter(shapes))[2:5])) != 1:
+        return _not_paged(layout, f"one cache needs one (q heads, kv heads, head dim) for q, k and v: {sorted(shapes)}")
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+        return _not_paged(layout, "its logits with the paged attention differ from its own: "
+                                  f"{float((got - want).abs().max()):.3g}")
+    (q_heads, kv_heads, dim, _, _, dtype), = shapes
+    return paged.PagedSpec(tuple(layers), q_heads, kv_heads, dim, dtype.split(".")[-1])
+
+
+def _not_paged(layout, why):
+    layout.not_paged = why
+    return None
 
 
 def _steps(model, layout):
@@ -283,6 +351,21 @@ def _steps(model, layout):
         def forward(self, token_ids, *states):
             logits, cache = _run(self.model, token_ids, layout.restore(self.model, states))
             return (logits, *layout.flatten(cache))
+
+    class PagedDecode(torch.nn.Module):
+        """(The paged cache holds the positions seen; the model's rotary embedding reads them
+        from ``position_ids``.)"""
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, token_ids, position_ids, *states):
+            logits, cache = _run(self.model, token_ids, layout.restore(self.model, states),
+                                 position_ids=position_ids)
+            return (logits, *layout.flatten(cache))
+
+    if getattr(layout, "paged", None):
+        return Prefill().eval(), PagedDecode().eval()
 
     return Prefill().eval(), Decode().eval()
 
@@ -324,38 +407,63 @@ class CompiledCausalLM:
         which is what the model computes for them."""
         return max([s.shape[-1] for s in self.layout.slots if s.kind == "conv"] + [1])
 
-    def zero_states(self, batch=1):
-        """The states before any token (what a fresh transformers cache holds).  A model with
-        a state container of its own makes its initial state inside its forward (RWKV's is not
-        zeros): there, start with ``prefill``."""
+    def zero_states(self, batch=1, max_length=None):
+        """The states before any token (what a fresh transformers cache holds); with attention
+        layers in a paged KV cache, a fresh one first, with room for ``max_length`` tokens a
+        sequence (default ``ROOM``).  A model with a state container of its own makes its
+        initial state inside its forward (RWKV's is not zeros): there, start with ``prefill``."""
         import tvm
 
         if isinstance(self.layout, TensorTreeLayout):
             raise NotImplementedError(f"{type(self.model).__name__} makes its own initial state: start with prefill")
-        return [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
+        tensors = [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
+        return ([self._kv_cache(batch, max_length or ROOM, batch)] if self.layout.paged else []) + tensors
 
-    def prefill(self, input_ids):
-        """``(logits (B, vocab) of the last position, states)`` after the prompt ``input_ids``."""
+    def _kv_cache(self, batch, max_length, chunk):
+        from .paged_attention import KVCache
+
+        return KVCache(self._build(batch)[1], batch, max_length, chunk)
+
+    def prefill(self, input_ids, max_length=None):
+        """``(logits (B, vocab) of the last position, states)`` after the prompt ``input_ids``.
+        With attention layers in a paged KV cache, ``states[0]`` is that cache, made here with
+        room for ``max_length`` tokens a sequence (default: the prompt and ``ROOM`` more)."""
         import tvm
 
         ids = _as_ids(input_ids)
-        if ids.shape[1] < self.shortest_prompt:
-            states = self.zero_states(ids.shape[0])
-            for t in range(ids.shape[1]):
+        batch, length = ids.shape
+        max_length = max_length or length + ROOM
+        if length < self.shortest_prompt:
+            states = self.zero_states(batch, max_length)
+            for t in range(length):
                 logits, states = self.decode(ids[:, t], states)
             return logits, states
-        vm = self._build(ids.shape[0])[1]
-        out = vm["prefill"](tvm.runtime.tensor(ids))
-        return out[0], list(out[1:])
+        vm = self._build(batch)[1]
+        if not self.layout.paged:
+            out = vm["prefill"](tvm.runtime.tensor(ids))
+            return out[0], list(out[1:])
+        cache = self._kv_cache(batch, max_length, batch * length)
+        cache.begin(length)
+        out = vm["prefill"](tvm.runtime.tensor(ids), cache.handle)
+        cache.end(length)
+        return out[0], [cache] + list(out[1:])
 
     def decode(self, token_ids, states):
-        """One step: ``(logits (B, vocab), states)`` after ``token_ids`` (B,) or (B, 1)."""
+        """One step: ``(logits (B, vocab), states)`` after ``token_ids`` (B,) or (B, 1).  A paged
+        KV cache in ``states`` is updated in place (it gains the step's keys and values)."""
         import tvm
 
         ids = _as_ids(token_ids).reshape(-1, 1)
         vm = self._build(ids.shape[0])[1]
-        out = vm["decode"](tvm.runtime.tensor(ids), *states)
-        return out[0], list(out[1:])
+        if not self.layout.paged:
+            out = vm["decode"](tvm.runtime.tensor(ids), *states)
+            return out[0], list(out[1:])
+        cache, tensors = states[0], states[1:]
+        positions = tvm.runtime.tensor(cache.positions(1))
+        cache.begin(1)
+        out = vm["decode"](tvm.runtime.tensor(ids), positions, *tensors, cache.handle)
+        cache.end(1)
+        return out[0], [cache] + list(out[1:])
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
                  top_p=None, eos_token_id=None, pad_token_id=None, generator=None):
@@ -374,36 +482,51 @@ class CompiledCausalLM:
             pad_token_id = getattr(defaults, "pad_token_id", None)
         eos = set(np.atleast_1d(eos_token_id).tolist()) if eos_token_id is not None else set()
         pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
-        done = torch.zeros(ids.shape[0], dtype=torch.bool)
+        done = np.zeros(ids.shape[0], dtype=bool)
         self._build(ids.shape[0])                      # compiled before the clock starts
-        start = time.perf_counter()
-        logits, states = self.prefill(ids.numpy())
-        timings = Timings(ids.shape[1], time.perf_counter() - start)
-        self.last_timings = timings
-        start = time.perf_counter()
-        out = [ids]
-        for step in range(max_new_tokens):
-            scores = torch.from_numpy(logits.numpy())
-            nxt = _pick(scores, do_sample, temperature, top_k, top_p, generator)
-            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            out.append(nxt[:, None])
-            done |= torch.tensor([int(t) in eos for t in nxt.tolist()])
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            logits, states = self.decode(nxt.numpy(), states)
-            timings.decode_steps += 1
-            timings.decode_s = time.perf_counter() - start
-        return torch.cat(out, dim=1)
+        with _one_torch_thread():
+            start = time.perf_counter()
+            logits, states = self.prefill(ids.numpy(), max_length=ids.shape[1] + max_new_tokens)
+            timings = Timings(ids.shape[1], time.perf_counter() - start)
+            self.last_timings = timings
+            start = time.perf_counter()
+            out = [ids.numpy()]
+            for step in range(max_new_tokens):
+                nxt = _pick(logits.numpy(), do_sample, temperature, top_k, top_p, generator)
+                nxt = np.where(done, pad, nxt)
+                out.append(nxt[:, None])
+                done |= np.isin(nxt, list(eos))
+                if done.all() or step == max_new_tokens - 1:
+                    break
+                logits, states = self.decode(nxt, states)
+                timings.decode_steps += 1
+                timings.decode_s = time.perf_counter() - start
+        return torch.from_numpy(np.concatenate(out, axis=1))
 
 
-def _pick(scores, do_sample, temperature, top_k, top_p, generator):
-    """The next token of each row: argmax, or a draw after temperature, top-k and top-p
-    (transformers' warpers, in its order)."""
+@contextlib.contextmanager
+def _one_torch_thread():
+    """torch on one thread while generating: a sampling step's torch ops on many threads leave
+    OpenMP workers spinning for a while after each, on the cores the next decode's TVM
+    threads need (on 2 cores, 1-2 ms of a 9 ms step)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _pick(logits, do_sample, temperature, top_k, top_p, generator):
+    """The next token of each row of ``logits`` (B, vocab), as int64: argmax (numpy), or a
+    draw after temperature, top-k and top-p (transformers' warpers, in its order; torch)."""
     import torch
 
     if not do_sample:
-        return scores.argmax(-1)
-    scores = scores / max(float(temperature), 1e-6)
+        return logits.argmax(-1).astype(np.int64)
+    scores = torch.from_numpy(logits).float() / max(float(temperature), 1e-6)
     if top_k:
         kth = torch.topk(scores, min(int(top_k), scores.shape[-1]), dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -413,7 +536,7 @@ def _pick(scores, do_sample, temperature, top_k, top_p, generator):
         drop = cum <= (1 - top_p)
         drop[..., -1:] = False                          # keep at least the best token
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0].numpy()
 
 
 def _as_ids(x):
@@ -436,25 +559,35 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest):
     from .api import compile as sw_compile
     from .api import from_torch
 
+    from . import paged_attention as paged
+
     prefill, decode = _steps(model, layout)
+    spec = getattr(layout, "paged", None)
     ids = torch.zeros((batch, max(prompt_sizes)), dtype=torch.long)
     length = torch.export.Dim("L", min=shortest)
-    pre = from_torch(prefill, (ids,), dynamic_shapes={"input_ids": {1: length}},
-                     trace_sizes={"L": list(prompt_sizes)})
     states = [torch.zeros(_empty(s, batch, 1), dtype=getattr(torch, s.dtype)) for s in layout.slots]
     token = torch.zeros((batch, 1), dtype=torch.long)
-    if layout.grows:       # attention caches: T positions seen, symbolic
-        dec = from_torch(decode, (token, *states),
-                         dynamic_shapes=[None] + [{2: "T"} if s.grows else None for s in layout.slots])
-    else:
-        dec = from_torch(decode, (token, *states))
+    with attention_implementation(model, paged.registered()) if spec else contextlib.nullcontext():
+        pre = from_torch(prefill, (ids,), dynamic_shapes={"input_ids": {1: length}},
+                         trace_sizes={"L": list(prompt_sizes)})
+        if spec:
+            dec = from_torch(decode, (token, torch.ones_like(token), *states))
+        elif layout.grows:       # attention caches as tensors: T positions seen, symbolic
+            dec = from_torch(decode, (token, *states),
+                             dynamic_shapes=[None] + [{2: "T"} if s.grows else None for s in layout.slots])
+        else:
+            dec = from_torch(decode, (token, *states))
     mod = tvm.IRModule()
     for name, source in (("prefill", pre), ("decode", dec)):
         for gv, func in source.functions_items():
             new = name if gv.name_hint == "main" else f"{name}_{gv.name_hint}"
             if isinstance(func, relax.Function):
+                if spec and gv.name_hint == "main":
+                    func = paged.bind_kv_cache(func, spec)
                 func = func.with_attr("global_symbol", new)
             mod[new] = func
+    if spec:
+        mod = paged.add_create_function(mod, spec, target)
     vm = relax.VirtualMachine(sw_compile(mod, target), tvm.cpu())
     return mod, vm
 

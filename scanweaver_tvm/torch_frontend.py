@@ -52,13 +52,15 @@ def _fail(why):
 
 def custom_convert_map():
     """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
-    the converters that repair TVM's (``torch_repairs``)."""
+    the converters that repair TVM's (``torch_repairs``), and our paged attention's."""
+    from .paged_attention import convert_paged_attention
     from .torch_repairs import convert_cat, convert_conv1d, convert_convolution, convert_exp2, convert_group_norm, convert_topk
 
     return {"scan": convert_scan, "conv1d.default": convert_conv1d,
             "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm,
             "logcumsumexp.default": convert_logcumsumexp, "exp2.default": convert_exp2,
-            "topk.default": convert_topk, "cat.default": convert_cat}
+            "topk.default": convert_topk, "cat.default": convert_cat,
+            "paged_attention.default": convert_paged_attention}
 
 
 def convert_logcumsumexp(node, importer):

@@ -1,7 +1,8 @@
-"""``sw.compile_causal_lm`` on hybrids: attention layers' key/value caches carried next to the
-recurrent states (decode over a symbolic number of positions seen), every family's prompt
-scans fused, and ``generate`` equal to transformers' token for token.  Tiny configs, random
-weights; transformers' reference runs on its torch path (``torch_kernels``), as traced."""
+"""``sw.compile_causal_lm`` on hybrids: attention layers' keys and values in TVM's paged KV
+cache (or, where its kernels do not fit, Kimi's MLA, carried as tensors over a symbolic number
+of positions seen) next to the recurrent states, every family's prompt scans fused, and
+``generate`` equal to transformers' token for token.  Tiny configs, random weights;
+transformers' reference runs on its torch path (``torch_kernels``), as traced."""
 import pytest
 import torch
 import transformers
@@ -44,7 +45,8 @@ def _kimi_linear():
         layer_types=["linear_attention", "full_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2))
 
 
-# name -> (model, the scan op its prompt's recurrences become, how many)
+# name -> (model, the scan op its prompt's recurrences become, how many); all but Kimi's MLA
+# (q/k head dim 24, v 16: the paged kernels take one) have their attention in the paged cache
 FAMILIES = {
     **{name: (make, "scanweaver.matrix_scan", layers) for name, (make, layers) in MAMBA2_HYBRIDS.items()
        if name != "mamba2"},
@@ -73,7 +75,10 @@ def test_hybrid_greedy_tokens_equal_transformers(family):
     torch.manual_seed(0)
     model = make().eval()
     lm = sw.compile_causal_lm(model)
-    assert any(s.kind == "keys" for s in lm.layout.slots), lm.layout.slots
+    if family == "kimi_linear":
+        assert any(s.kind == "keys" for s in lm.layout.slots) and "head dim" in lm.layout.not_paged
+    else:
+        assert lm.layout.paged and not any(s.grows for s in lm.layout.slots), lm.layout.slots
     for length in (2, 70):
         ids = _prompt(1, length, length)
         assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (family, length)
@@ -82,30 +87,48 @@ def test_hybrid_greedy_tokens_equal_transformers(family):
 
 
 def test_hybrid_batch_of_two_and_states():
-    """Batch 2 through Bamba; the decode's attention cache gains one position a step."""
+    """Batch 2 through Bamba; the paged cache (TVM's count) gains one position a step, in
+    place, and refuses a step past the room it was made with."""
     make, _, _ = FAMILIES["bamba"]
     torch.manual_seed(0)
     model = make().eval()
     lm = sw.compile_causal_lm(model)
     ids = _prompt(2, 9, 4)
     assert torch.equal(lm.generate(ids, max_new_tokens=5), _expected(model, ids, 5))
-    logits, states = lm.prefill(ids)
+    logits, states = lm.prefill(ids, max_length=10)
+    cache = states[0]
+    assert cache.sequence_lengths() == [9, 9]
+    logits, states = lm.decode(logits.numpy().argmax(-1), states)
+    assert states[0] is cache and cache.sequence_lengths() == [10, 10]
+    with pytest.raises(ValueError, match="holds 10 tokens a sequence"):
+        lm.decode(logits.numpy().argmax(-1), states)
+
+
+def test_mla_caches_stay_tensors_and_grow():
+    """Kimi Linear's MLA attention (q/k and v head dims differ) keeps its caches as tensors:
+    the decode returns them one position longer."""
+    make, _, _ = FAMILIES["kimi_linear"]
+    torch.manual_seed(0)
+    lm = sw.compile_causal_lm(make().eval())
+    logits, states = lm.prefill(_prompt(1, 9, 4))
     keys = [i for i, s in enumerate(lm.layout.slots) if s.kind == "keys"]
-    assert [states[i].shape[2] for i in keys] == [9] * len(keys)
+    assert keys and [states[i].shape[2] for i in keys] == [9] * len(keys)
     _, states = lm.decode(logits.numpy().argmax(-1), states)
     assert [states[i].shape[2] for i in keys] == [10] * len(keys)
 
 
 def test_attention_only_model_generates():
-    """No recurrence at all (Llama): the same two entry points over its key/value cache."""
+    """No recurrence at all (Llama, grouped queries): the same two entry points over the paged
+    cache, batch 1 and 2, a prompt of one token (decoded into a fresh cache) and longer ones."""
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=1, num_attention_heads=2,
+                                             num_hidden_layers=2, num_attention_heads=4,
                                              num_key_value_heads=2)).eval()
     lm = sw.compile_causal_lm(model)
-    for length in (1, 12):
-        ids = _prompt(1, length, length)
-        assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6))
+    assert lm.layout.paged.layers == (0, 1) and lm.layout.slots == ()
+    for batch, length in ((1, 1), (2, 12), (1, 33)):
+        ids = _prompt(batch, length, length)
+        assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (batch, length)
 
 
 def test_sliding_window_cache_is_refused_by_name():
