@@ -7,6 +7,7 @@ from tvm import relax
 import tir_schedules
 from tir_schedules import dense_cpu, gpu_rules
 from relax_pass.fuse import FuseAffineRecurrences, analyze
+from relax_pass.in_place import InPlaceStates
 from relax_pass.lower import LowerScans
 
 __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
@@ -159,7 +160,7 @@ def _default_pipeline(target):
     if "gpu" in target.keys:
         return relax.get_default_pipeline(target)
     if target.kind.name == "llvm":
-        return dense_cpu.cpu_pipeline(target)
+        return dense_cpu.cpu_pipeline(target, after_lowering=[InPlaceStates])
     return relax.get_pipeline("default")
 
 

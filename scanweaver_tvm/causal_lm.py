@@ -449,8 +449,11 @@ class CompiledCausalLM:
         return out[0], [cache] + list(out[1:])
 
     def decode(self, token_ids, states):
-        """One step: ``(logits (B, vocab), states)`` after ``token_ids`` (B,) or (B, 1).  A paged
-        KV cache in ``states`` is updated in place (it gains the step's keys and values)."""
+        """One step: ``(logits (B, vocab), states)`` after ``token_ids`` (B,) or (B, 1).  The
+        states are updated in place: the step's kernels write the new recurrent states into the
+        tensors passed in (``relax_pass.in_place``; returned again), and a paged KV cache gains
+        the step's keys and values.  Copy them first to keep the old ones.  (Attention caches
+        kept as tensors, which grow, are returned new.)"""
         import tvm
 
         ids = _as_ids(token_ids).reshape(-1, 1)
@@ -584,12 +587,23 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest):
             if isinstance(func, relax.Function):
                 if spec and gv.name_hint == "main":
                     func = paged.bind_kv_cache(func, spec)
+                if name == "decode" and gv.name_hint == "main":
+                    func = _states_in_place(func, layout, first_state=2 if spec else 1)
                 func = func.with_attr("global_symbol", new)
             mod[new] = func
     if spec:
         mod = paged.add_create_function(mod, spec, target)
     vm = relax.VirtualMachine(sw_compile(mod, target), tvm.cpu())
     return mod, vm
+
+
+def _states_in_place(decode, layout, first_state):
+    """``decode`` asking ``InPlaceStates`` to write each fixed-shape state into the buffer it
+    came in (output 1 + i is state i, parameter ``first_state`` + i)."""
+    from relax_pass.in_place import IN_PLACE_ATTR
+
+    pairs = [[1 + i, first_state + i] for i, s in enumerate(layout.slots) if not s.grows]
+    return decode.with_attr(IN_PLACE_ATTR, pairs) if pairs else decode
 
 
 def _empty(slot, batch, seen=0):

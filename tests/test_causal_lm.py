@@ -64,11 +64,14 @@ def test_prefill_and_decode_logits_and_states(mamba):
     for got, ref in zip(states, lm.layout.flatten(cache)):
         assert_outputs_match([got.numpy()], [ref.numpy()], rtol=1e-4)
     nxt = int(want.argmax(-1))
-    logits, states = lm.decode(np.array([nxt]), states)
+    before = [s.numpy() for s in states]
+    passed, (logits, states) = states, lm.decode(np.array([nxt]), states)
     with torch.no_grad():
         want = model(torch.tensor([[nxt]]), cache=cache, use_cache=True).logits[:, -1]
     assert_outputs_match([logits.numpy()], [want.numpy()], rtol=1e-4)
     assert [tuple(s.shape) for s in states] == [s.shape for s in lm.layout.slots]
+    for old, given, new in zip(before, passed, states):     # updated in place: no new state tensors
+        assert np.array_equal(given.numpy(), new.numpy()) and not np.array_equal(old, new.numpy())
 
 
 def test_sampling_is_seeded_and_valid(mamba):

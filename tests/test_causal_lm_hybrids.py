@@ -3,6 +3,7 @@ cache (or, where its kernels do not fit, Kimi's MLA, carried as tensors over a s
 of positions seen) next to the recurrent states, every family's prompt scans fused, and
 ``generate`` equal to transformers' token for token.  Tiny configs, random weights;
 transformers' reference runs on its torch path (``torch_kernels``), as traced."""
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -96,10 +97,11 @@ def test_hybrid_batch_of_two_and_states():
     ids = _prompt(2, 9, 4)
     assert torch.equal(lm.generate(ids, max_new_tokens=5), _expected(model, ids, 5))
     logits, states = lm.prefill(ids, max_length=10)
-    cache = states[0]
+    cache, passed = states[0], states[1:]
     assert cache.sequence_lengths() == [9, 9]
     logits, states = lm.decode(logits.numpy().argmax(-1), states)
     assert states[0] is cache and cache.sequence_lengths() == [10, 10]
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(passed, states[1:]))   # in place
     with pytest.raises(ValueError, match="holds 10 tokens a sequence"):
         lm.decode(logits.numpy().argmax(-1), states)
 

@@ -275,9 +275,10 @@ def _packs(func):
     return "layout_free_buffers" in attrs and "tirx.is_scheduled" in attrs and PREPROC in func.script()
 
 
-def cpu_pipeline(target):
+def cpu_pipeline(target, after_lowering=()):
     """TVM's CPU pipeline (``relax.backend.cpu_generic``) with ``schedule_passes`` after its
-    legalization and fusion."""
+    legalization and fusion, and ``after_lowering`` (the caller's passes) after its dataflow
+    lowering (the kernels called in destination-passing style, before memory planning)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.CPUPipeline")
@@ -285,7 +286,7 @@ def cpu_pipeline(target):
         with target:
             return tvm.transform.Sequential(
                 cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + schedule_passes()
-                + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
+                + cpu.dataflow_lower_passes(target) + list(after_lowering) + cpu.finalize_passes(target)
                 + [_mark_single_pointer_funcs_noalias])(mod)
 
     return _pipeline
