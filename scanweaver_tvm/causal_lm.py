@@ -260,7 +260,7 @@ def _run(model, input_ids, cache, **extra):
     return out.logits[:, -1].float(), after
 
 
-def _layout(model):
+def _layout(model, attention_cache="paged"):
     """The state layout, from one eager prefill of two tokens: from a ``DynamicCache`` where
     the model takes a transformers cache (it fills the one it is given), else from none (RWKV's
     ``state=``); what it holds after is a transformers ``Cache`` or a container of its own.
@@ -269,6 +269,8 @@ def _layout(model):
     from transformers import DynamicCache
     from transformers.cache_utils import Cache
 
+    if attention_cache not in ("paged", "tensors"):
+        raise ValueError(f"attention_cache: 'paged' or 'tensors', got {attention_cache!r}")
     first = DynamicCache(config=model.config) if _cache_kwarg(model) in ("cache", "past_key_values") else None
     with torch.no_grad(), torch_kernels():
         _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
@@ -277,7 +279,9 @@ def _layout(model):
     if not isinstance(state, Cache):
         return TensorTreeLayout.of(state)
     layout = StateLayout.of(state)
-    spec = _paged_spec(model, layout) if layout.grows else None
+    if attention_cache == "tensors" and layout.grows:
+        layout.not_paged = "attention_cache='tensors' was asked for"
+    spec = _paged_spec(model, layout) if layout.grows and attention_cache == "paged" else None
     return layout.with_paged(spec) if spec else layout
 
 
@@ -381,10 +385,10 @@ def _load(model_or_path):
 class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
-    def __init__(self, model, target="llvm", prompt_sizes=None):
+    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged"):
         self.model, self.target, self.prompt_sizes = model, target, prompt_sizes
         self.config = model.config
-        self.layout = _layout(model)
+        self.layout = _layout(model, attention_cache)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
         self.last_timings = None          # Timings of the last generate
 
@@ -511,7 +515,7 @@ class CompiledCausalLM:
 def _one_torch_thread():
     """torch on one thread while generating: a sampling step's torch ops on many threads leave
     OpenMP workers spinning for a while after each, on the cores the next decode's TVM
-    threads need (on 2 cores, 1-2 ms of a 9 ms step)."""
+    threads need.  A precaution: bench.generate measured no difference on this machine."""
     import torch
 
     saved = torch.get_num_threads()
@@ -612,9 +616,12 @@ def _empty(slot, batch, seen=0):
     return shape[:2] + (seen,) + shape[3:] if slot.grows else shape
 
 
-def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None):
+def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged"):
     """A transformers causal LM (an object, or a checkpoint directory for
     ``from_pretrained``) as ``CompiledCausalLM``: ``prefill``, ``decode`` and ``generate``,
     compiled on first use for each batch size.  ``prompt_sizes``: the prompt lengths traced to
-    generalize ``L`` (``from_torch``'s ``trace_sizes``)."""
-    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes)
+    generalize ``L`` (``from_torch``'s ``trace_sizes``).  ``attention_cache``: "paged" (TVM's
+    paged KV cache where its kernels fit the model's attention layers, else tensors; the
+    reason is ``layout.not_paged``) or "tensors" (each decode returns the caches one position
+    longer: a copy per token)."""
+    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache)

@@ -43,6 +43,14 @@ def test_greedy_tokens_equal_transformers(mamba, length):
     assert len(lm._built) == 1
 
 
+@pytest.mark.parametrize("batch,length", [(1, 1025), (2, 1000), (1, 4096)])
+def test_long_prompts_equal_transformers(mamba, batch, length):
+    """The same executable at the issue's long prompts (to 4096), batch 1 and 2."""
+    model, lm = mamba
+    ids = _prompt(batch, length, length)
+    assert torch.equal(lm.generate(ids, max_new_tokens=4), _expected_generate(model, ids, max_new_tokens=4))
+
+
 def test_batch_of_two(mamba):
     model, lm = mamba
     ids = _prompt(2, 11, 5)
