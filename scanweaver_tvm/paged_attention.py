@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tir_schedules.paged_attention_cpu import replace_cache_kernels
+
 __all__ = ["ATTN_IMPLEMENTATION", "PLACEHOLDER", "PagedSpec", "registered", "bind_kv_cache",
            "add_create_function", "KVCache"]
 
@@ -173,7 +175,8 @@ def bind_kv_cache(func, spec):
 
 def add_create_function(mod, spec, target):
     """``mod`` with ``create_kv_cache(sizes)``: ``sizes`` is (max batch, max total length,
-    prefill chunk, page size, sliding window 0/1); the cache's TIR kernels come with it."""
+    prefill chunk, page size, sliding window 0/1); the cache's TIR kernels come with it, the
+    CPU prefill and decode attention ones ScanWeaver's (``tir_schedules.paged_attention_cpu``)."""
     import tvm
     from tvm import relax, tirx
     from tvm.relax.frontend.nn.llm.kv_cache import RopeMode, TIRPagedKVCache
@@ -192,7 +195,8 @@ def add_create_function(mod, spec, target):
             rope_ext_factors=relax.prim_value(0), rotary_dim=spec.head_dim, enable_disaggregation=False,
             dtype=spec.dtype, target=tvm.target.Target(target) if isinstance(target, str) else target)
         bb.emit_func_output(bb.emit(cache._expr))    # pylint: disable=protected-access
-    return bb.get()
+    # on a CPU, parallel attention kernels in place of TVM's one-core ones (no-op elsewhere)
+    return replace_cache_kernels(bb.get(), spec.kv_heads, spec.q_heads, spec.head_dim, spec.dtype, PAGE_SIZE)
 
 
 class KVCache:
