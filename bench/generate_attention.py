@@ -1,15 +1,18 @@
-"""Decode with attention caches: TVM's paged KV cache against caches kept as tensors (a copy of
-the whole cache per token) and transformers' ``generate``, as the context grows; one run.
+"""Prompts and decode with attention caches: TVM's paged KV cache (with ScanWeaver's CPU
+attention kernels) against caches kept as tensors (a copy of the whole cache per token) and
+transformers' ``generate``, as the context grows; one run.
 
     python -m bench.generate_attention [--contexts 256,2048] [--new 32] [--rounds 3]
-                                       [--out bench/out_generate_attention]
+                                       [--tensors-up-to 1024] [--out bench/out_generate_attention]
 
 The shape: a Llama (``LlamaForCausalLM``, random weights) of hidden 512, 4 layers, 8 query
 heads and 2 key/value heads of 64, vocabulary 32000; batch 1, greedy.  For each context
-length (the prompt), the decode milliseconds per token of ``--new`` tokens (ours: the decode
+length (the prompt), the prefill milliseconds (ours: ``generate``'s prefill; transformers: a
+``generate`` of one token), and the decode milliseconds per token of ``--new`` tokens (ours: the decode
 steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / (new - 1)),
 medians of interleaved rounds, tokens checked equal to transformers'.  The paged cache's
-decode should stay flat in the context; the tensors' grows with it.  Writes
+decode should stay flat in the context; the tensors' grows with it (and their prefill, TVM's
+unscheduled attention, grows past L^2: not run above ``--tensors-up-to``).  Writes
 ``generate_attention.json`` / ``.md``.
 """
 import argparse
@@ -35,6 +38,7 @@ def main(argv=None):
     p.add_argument("--contexts", default="256,2048")
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tensors-up-to", type=int, default=1024)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate_attention"))
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -57,30 +61,39 @@ def main(argv=None):
             return out, time.perf_counter() - start
 
     result = {"machine": _machine(), "config": cfg.to_dict(), "new": args.new, "compile_s": compile_s, "contexts": {}}
-    lines = ["# Decode with attention caches: paged KV cache vs tensors vs transformers (CPU)", "",
+    lines = ["# Attention caches: paged KV cache vs tensors vs transformers (CPU)", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; Llama hidden 512, 4 layers, "
              f"8/2 heads of 64, vocab 32000; {args.new} new tokens, greedy, batch 1; medians of {args.rounds} "
              "interleaved rounds.", "",
-             "| context | paged ms/token | tensors ms/token | transformers ms/token | transformers / paged | "
-             "tokens equal |", "|---|---|---|---|---|---|"]
+             "| context | prefill ms: paged | tensors | transformers | transformers / paged | "
+             "decode ms/token: paged | tensors | transformers | transformers / paged | tokens equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for context in [int(c) for c in args.contexts.split(",")]:
         ids = torch.randint(0, cfg.vocab_size, (1, context), generator=torch.Generator().manual_seed(context))
         want, _ = hf(ids, args.new)
-        same = all(torch.equal(lm.generate(ids, max_new_tokens=args.new), want) for lm in compiled.values())
+        paths = ["paged", "tensors"] if context <= args.tensors_up_to else ["paged"]
+        same = all(torch.equal(compiled[p].generate(ids, max_new_tokens=args.new), want) for p in paths)
         rows = {"paged": [], "tensors": [], "hf": []}
+        first_ms = {"paged": [], "tensors": [], "hf": []}
         for i in range(args.rounds):
-            order = ["paged", "tensors", "hf"] if i % 2 == 0 else ["hf", "tensors", "paged"]
+            order = paths + ["hf"] if i % 2 == 0 else ["hf"] + paths[::-1]
             for name in order:
                 if name == "hf":
                     total, first = hf(ids, args.new)[1], hf(ids, 1)[1]
                     rows["hf"].append(1e3 * (total - first) / (args.new - 1))
+                    first_ms["hf"].append(1e3 * first)
                 else:
                     compiled[name].generate(ids, max_new_tokens=args.new)
                     rows[name].append(1e3 / compiled[name].last_timings.decode_tokens_per_s)
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        result["contexts"][context] = {"rounds": rows, "medians": med, "tokens_equal": same}
-        lines.append(f"| {context} | {med['paged']:.2f} | {med['tensors']:.2f} | {med['hf']:.2f} | "
-                     f"{med['hf'] / med['paged']:.2f}x | {same} |")
+                    first_ms[name].append(1e3 * compiled[name].last_timings.prefill_s)
+        med = {k: statistics.median(v) if v else float("nan") for k, v in rows.items()}
+        pre = {k: statistics.median(v) if v else float("nan") for k, v in first_ms.items()}
+        result["contexts"][context] = {"rounds": rows, "medians": med, "prefill_rounds_ms": first_ms,
+                                       "prefill_medians_ms": pre, "tokens_equal": same}
+        tensors = (f"{pre['tensors']:.0f}", f"{med['tensors']:.2f}") if "tensors" in paths else ("not run",) * 2
+        lines.append(f"| {context} | {pre['paged']:.0f} | {tensors[0]} | {pre['hf']:.0f} | "
+                     f"{pre['hf'] / pre['paged']:.2f}x | {med['paged']:.2f} | {tensors[1]} | "
+                     f"{med['hf']:.2f} | {med['hf'] / med['paged']:.2f}x | {same} |")
         print(lines[-1], flush=True)
     lines += ["", "Compile: " + ", ".join(f"{k} {v:.0f} s" for k, v in compile_s.items()) + "."]
     print("\n".join(lines))

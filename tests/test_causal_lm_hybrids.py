@@ -121,14 +121,15 @@ def test_mla_caches_stay_tensors_and_grow():
 
 def test_attention_only_model_generates():
     """No recurrence at all (Llama, grouped queries): the same two entry points over the paged
-    cache, batch 1 and 2, a prompt of one token (decoded into a fresh cache) and longer ones."""
+    cache, batch 1 and 2, a prompt of one token (decoded into a fresh cache) and longer ones
+    (130: past one query tile and two key blocks of the prefill kernel)."""
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=2, num_attention_heads=4,
                                              num_key_value_heads=2)).eval()
     lm = sw.compile_causal_lm(model)
     assert lm.layout.paged.layers == (0, 1) and lm.layout.slots == ()
-    for batch, length in ((1, 1), (2, 12), (1, 33)):
+    for batch, length in ((1, 1), (2, 12), (1, 33), (2, 130)):
         ids = _prompt(batch, length, length)
         assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (batch, length)
 
