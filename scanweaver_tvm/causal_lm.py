@@ -319,13 +319,14 @@ def _paged_spec(model, layout):
     if sorted({layer for layer, *_ in calls}) != layers:
         return _not_paged(layout, f"attention calls seen at layers {sorted({c[0] for c in calls})}, "
                                   f"caches at {layers}")
-    if len(shapes) != 1 or len(set(next(iter(shapes))[2:5])) != 1:
-        return _not_paged(layout, f"one cache needs one (q heads, kv heads, head dim) for q, k and v: {sorted(shapes)}")
+    if len(shapes) != 1 or len(set(next(iter(shapes))[2:4])) != 1:
+        return _not_paged(layout, "one cache needs one (q heads, kv heads, q/k head size, v head size): "
+                                  f"{sorted(shapes)}")
     if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
         return _not_paged(layout, "its logits with the paged attention differ from its own: "
                                   f"{float((got - want).abs().max()):.3g}")
-    (q_heads, kv_heads, dim, _, _, dtype), = shapes
-    return paged.PagedSpec(tuple(layers), q_heads, kv_heads, dim, dtype.split(".")[-1])
+    (q_heads, kv_heads, dim, _, value_dim, dtype), = shapes
+    return paged.PagedSpec(tuple(layers), q_heads, kv_heads, max(dim, value_dim), dtype.split(".")[-1])
 
 
 def _not_paged(layout, why):

@@ -36,7 +36,8 @@ PAGE_SIZE = 16
 @dataclass(frozen=True)
 class PagedSpec:
     """The shapes the paged cache is made for: attention layers ``layers`` (the model's layer
-    indices, in the cache's order), ``q_heads``/``kv_heads`` heads of ``head_dim``."""
+    indices, in the cache's order), ``q_heads``/``kv_heads`` heads of ``head_dim`` (the larger
+    of the q/k and v head sizes: the smaller is padded with zeros)."""
     layers: tuple
     q_heads: int
     kv_heads: int
@@ -159,18 +160,33 @@ def bind_kv_cache(func, spec):
                     and call.args[0].global_symbol == PLACEHOLDER):
                 return call
             layer, scale, q, k, v = call.args[1].fields
-            b, length, heads, dim = q.ty.shape
+            b, length, heads, _ = q.ty.shape
+            dim, value_dim = spec.head_dim, v.ty.shape[3]
             emit = self.builder_.emit
+            q, k, v = (_zero_padded(emit, x, dim) for x in (q, k, v))
             qkv = emit(relax.op.concat([q, k, v], axis=2))
             qkv = emit(relax.op.reshape(qkv, (b * length, heads + 2 * spec.kv_heads, dim)))
             out = emit(relax.call_dps_packed(
                 "vm.builtin.attention_kv_cache_attention_with_fused_qkv",
                 [cache, relax.prim_value(spec.cache_layer(int(layer.value))), scale, qkv],
                 out_ty=relax.TensorType((b * length, heads, dim), q.ty.dtype)))
-            return relax.op.reshape(out, (b, length, heads, dim))
+            out = emit(relax.op.reshape(out, (b, length, heads, dim)))
+            if int(value_dim) == dim:
+                return out
+            return relax.op.strided_slice(out, axes=[3], begin=[0], end=[value_dim])
 
     new = Bind().visit_expr(func)
     return relax.Function(list(new.params) + [cache], new.body, new.ret_ty, new.is_pure, new.attrs)
+
+
+def _zero_padded(emit, x, dim):
+    """``x`` (B, L, heads, d) with zeros to head size ``dim``: attention on q/k padded with
+    zeros has the same scores, on v padded the same output in its first columns; one cache
+    then holds layers whose q/k and v head sizes differ (MLA's)."""
+    from tvm import relax
+
+    short = dim - int(x.ty.shape[3])
+    return x if short == 0 else emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, short]))
 
 
 def add_create_function(mod, spec, target):

@@ -1,6 +1,6 @@
 """``sw.compile_causal_lm`` on hybrids: attention layers' keys and values in TVM's paged KV
-cache (or, where its kernels do not fit, Kimi's MLA, carried as tensors over a symbolic number
-of positions seen) next to the recurrent states, every family's prompt scans fused, and
+cache (Kimi's MLA too, its v padded to the q/k head size; as tensors over a symbolic number of
+positions seen when asked) next to the recurrent states, every family's prompt scans fused, and
 ``generate`` equal to transformers' token for token.  Tiny configs, random weights;
 transformers' reference runs on its torch path (``torch_kernels``), as traced."""
 import numpy as np
@@ -46,8 +46,8 @@ def _kimi_linear():
         layer_types=["linear_attention", "full_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2))
 
 
-# name -> (model, the scan op its prompt's recurrences become, how many); all but Kimi's MLA
-# (q/k head dim 24, v 16: the paged kernels take one) have their attention in the paged cache
+# name -> (model, the scan op its prompt's recurrences become, how many); all have their
+# attention in the paged cache
 FAMILIES = {
     **{name: (make, "scanweaver.matrix_scan", layers) for name, (make, layers) in MAMBA2_HYBRIDS.items()
        if name != "mamba2"},
@@ -76,10 +76,7 @@ def test_hybrid_greedy_tokens_equal_transformers(family):
     torch.manual_seed(0)
     model = make().eval()
     lm = sw.compile_causal_lm(model)
-    if family == "kimi_linear":
-        assert any(s.kind == "keys" for s in lm.layout.slots) and "head dim" in lm.layout.not_paged
-    else:
-        assert lm.layout.paged and not any(s.grows for s in lm.layout.slots), lm.layout.slots
+    assert lm.layout.paged and not any(s.grows for s in lm.layout.slots), (lm.layout.slots, lm.layout.not_paged)
     for length in (2, 70):
         ids = _prompt(1, length, length)
         assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (family, length)
@@ -106,13 +103,19 @@ def test_hybrid_batch_of_two_and_states():
         lm.decode(logits.numpy().argmax(-1), states)
 
 
-def test_mla_caches_stay_tensors_and_grow():
-    """Kimi Linear's MLA attention (q/k and v head dims differ) keeps its caches as tensors:
-    the decode returns them one position longer."""
+def test_mla_caches_padded_in_the_paged_cache_or_tensors():
+    """Kimi Linear's MLA attention (q/k head size 24, v 16) lives in one paged cache of head
+    size 24 (v padded with zeros); asked for tensors, its caches grow by one a decode step, and
+    both give transformers' tokens."""
     make, _, _ = FAMILIES["kimi_linear"]
     torch.manual_seed(0)
-    lm = sw.compile_causal_lm(make().eval())
-    logits, states = lm.prefill(_prompt(1, 9, 4))
+    model = make().eval()
+    assert sw.compile_causal_lm(model).layout.paged.head_dim == 24
+    lm = sw.compile_causal_lm(model, attention_cache="tensors")
+    assert lm.layout.paged is None and "tensors" in lm.layout.not_paged
+    ids = _prompt(1, 9, 4)
+    assert torch.equal(lm.generate(ids, max_new_tokens=4), _expected(model, ids, 4))
+    logits, states = lm.prefill(ids)
     keys = [i for i, s in enumerate(lm.layout.slots) if s.kind == "keys"]
     assert keys and [states[i].shape[2] for i in keys] == [9] * len(keys)
     _, states = lm.decode(logits.numpy().argmax(-1), states)
