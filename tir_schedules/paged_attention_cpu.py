@@ -5,8 +5,9 @@ pages.  TVM's CPU ones run on one core, one query row, head and key at a time, s
 
 Here (sequence, KV head, query tile) tasks run in parallel, the query heads of a KV head's
 group side by side (a key or value row is read once for all of them), and keys in blocks:
-scores as Q K^T against the block staged transposed (vector lanes along the keys), one
-online-softmax rescale per block, P V accumulated along D.  ``lse`` (log2 units) as TVM's
+scores as Q K^T in 2 x 32 register blocks against keys staged transposed (vector lanes along
+the keys; once per sequence in the prefill, per page in the decode), one online-softmax
+rescale per block, P V accumulated along D in 2 x 32 register blocks.  ``lse`` (log2 units) as TVM's
 kernels give it, for the cache's merges.  No rotary embedding (the cache is made with
 ``RopeMode.NONE``: the model applies its own); a call asking for it fails its assert.
 """
