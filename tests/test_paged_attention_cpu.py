@@ -1,7 +1,8 @@
 """ScanWeaver's CPU kernels for TVM's paged KV cache, against a float64 softmax attention:
 the ragged causal prefill (sequences of odd lengths side by side, grouped query heads, fp16
-inputs) and the decode over pages in a shuffled page table (a partly filled last page, an
-empty sequence).  Outputs poisoned with NaN first; ``lse`` in TVM's log2 units."""
+inputs, head sizes 8 to 128) and the decode over pages in a shuffled page table (a partly
+filled last page, an empty sequence).  Outputs poisoned with NaN first; ``lse`` in TVM's log2
+units."""
 import numpy as np
 import pytest
 import tvm
@@ -35,8 +36,8 @@ def _tensors(*arrays):
 
 
 @pytest.fixture(scope="module", params=[(2, 8, D, "float32"), (1, 1, D, "float32"), (2, 4, D, "float16"),
-                                        (2, 4, 8, "float32"), (1, 2, 48, "float32")],
-                ids=["gqa4", "mha1", "fp16", "head8", "head48"])
+                                        (2, 4, 8, "float32"), (1, 2, 48, "float32"), (1, 8, 128, "float32")],
+                ids=["gqa4", "mha1", "fp16", "head8", "head48", "gqa8_head128"])
 def heads(request):
     kv, q, d, dtype = request.param
     target = host_target()
