@@ -52,6 +52,26 @@ def _softmax_block(s, o, m, total, part, r, lim, width, D):
         total[r] = total[r] + part[i]
 
 
+@T.macro(hygienic=False)
+def _start_rows(m, total, o, rows, D):
+    """The online softmax before any key: no max yet, nothing summed."""
+    for r in T.serial(rows):
+        m[r] = T.float32(NEG)
+        total[r] = T.float32(0)
+        for d in T.vectorized(D):
+            o[r, d] = T.float32(0)
+
+
+@T.macro(hygienic=False)
+def _finish_row(o, m, total, r, output, lse, token, head, dtype, D):
+    """Row ``r`` normalized into ``output[token, head]`` and its ``lse`` (a row that saw no
+    key: zeros and TVM's ``EMPTY_LSE``)."""
+    for d in T.vectorized(D):
+        output[token, head, d] = T.Cast(
+            dtype, T.if_then_else(total[r] > T.float32(0), o[r, d] / total[r], T.float32(0)))
+    lse[token, head] = T.if_then_else(total[r] > T.float32(0), m[r] + T.log2(total[r]), T.float32(EMPTY_LSE))
+
+
 def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
     """``batch_prefill_ragged_kv``: attention of each sequence's new queries on its new keys
     and values (causal: query i of n sees keys up to kv_len - n + i)."""
@@ -112,11 +132,7 @@ def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
                     for r, d in T.grid(R, D):
                         qs[r, d] = T.if_then_else(r < rows, T.Cast(F32, q[q0 + i0 + T.min(r, rows - 1) // G, h * G + r % G, d]),
                                                   T.float32(0)) * sm_scale * T.float32(LOG2E)
-                    for r in T.serial(R):
-                        m[r] = T.float32(NEG)
-                        total[r] = T.float32(0)
-                        for d in T.vectorized(D):
-                            o[r, d] = T.float32(0)
+                    _start_rows(m, total, o, R, D)
                     for j in T.serial((seen + TK - 1) // TK):
                         j0: T.let[T.int32] = j * TK
                         cols: T.let[T.int32] = T.min(TK, seen - j0)
@@ -152,11 +168,7 @@ def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
                                     for d in T.vectorized(DB):
                                         o[rb * 2 + rr, db * DB + d] = acc[rr, d]
                     for r in T.serial(rows):
-                        for d in T.vectorized(D):
-                            output[q0 + i0 + r // G, h * G + r % G, d] = T.Cast(
-                                dtype, T.if_then_else(total[r] > T.float32(0), o[r, d] / total[r], T.float32(0)))
-                        lse[q0 + i0 + r // G, h * G + r % G] = T.if_then_else(
-                            total[r] > T.float32(0), m[r] + T.log2(total[r]), T.float32(EMPTY_LSE))
+                        _finish_row(o, m, total, r, output, lse, q0 + i0 + r // G, h * G + r % G, dtype, D)
 
     return batch_prefill_ragged_kv
 
@@ -203,11 +215,7 @@ def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
                 n_pages: T.let[T.int32] = page_indptr[b + 1] - first
                 for g, d in T.grid(G, D):
                     qs[g, d] = T.Cast(F32, Q[b, h * G + g, d]) * sm_scale * T.float32(LOG2E)
-                for g in T.serial(G):
-                    m[g] = T.float32(NEG)
-                    total[g] = T.float32(0)
-                    for d in T.vectorized(D):
-                        o[g, d] = T.float32(0)
+                _start_rows(m, total, o, G, D)
                 for p in T.serial(n_pages):
                     page: T.let[T.int32] = page_values[first + p]
                     cols: T.let[T.int32] = T.if_then_else(p == n_pages - 1, last_page_len[b], P)
@@ -224,11 +232,7 @@ def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
                             for d in T.vectorized(D):
                                 o[g, d] = o[g, d] + s[g, c] * T.Cast(F32, pages[page, 1, h, c, d])
                 for g in T.serial(G):
-                    for d in T.vectorized(D):
-                        output[b, h * G + g, d] = T.Cast(
-                            dtype, T.if_then_else(total[g] > T.float32(0), o[g, d] / total[g], T.float32(0)))
-                    lse[b, h * G + g] = T.if_then_else(total[g] > T.float32(0), m[g] + T.log2(total[g]),
-                                                       T.float32(EMPTY_LSE))
+                    _finish_row(o, m, total, g, output, lse, b, h * G + g, dtype, D)
 
     return batch_decode_paged_kv
 
