@@ -13,8 +13,9 @@ from tir_schedules.paged_attention_cpu import EMPTY_LSE, paged_decode, ragged_pr
 D, PAGE, SCALE = 64, 16, 0.125     # D: the head size of the default case
 
 
-def _attention(q, k, v, causal):
-    """(out, lse) of softmax(q k^T * SCALE) v per query head; q (n_q, H, d), k/v (n_k, H_kv, d)."""
+def _attention(q, k, v, causal, window=0):
+    """(out, lse) of softmax(q k^T * SCALE) v per query head; q (n_q, H, d), k/v (n_k, H_kv, d);
+    the queries are the last n_q positions (causal), each seeing the last ``window`` keys."""
     n_q, heads, d = q.shape
     n_k, group = k.shape[0], heads // k.shape[1]
     out, lse = np.zeros((n_q, heads, d)), np.full((n_q, heads), EMPTY_LSE)
@@ -22,8 +23,11 @@ def _attention(q, k, v, causal):
         return out, lse
     for h in range(heads):
         s = q[:, h].astype(np.float64) @ k[:, h // group].astype(np.float64).T * SCALE
+        at = n_k - n_q + np.arange(n_q)[:, None]        # the queries' positions
         if causal:
-            s = np.where(np.arange(n_k)[None, :] <= n_k - n_q + np.arange(n_q)[:, None], s, -np.inf)
+            s = np.where(np.arange(n_k)[None, :] <= at, s, -np.inf)
+        if window:
+            s = np.where(np.arange(n_k)[None, :] > at - window, s, -np.inf)
         top = s.max(1, keepdims=True)
         p = np.exp(s - top)
         out[:, h] = p @ v[:, h // group].astype(np.float64) / p.sum(1, keepdims=True)
@@ -66,6 +70,18 @@ def test_ragged_prefill(heads, lengths, causal):
 def test_paged_decode(heads, lengths):
     kv, qh, d, dtype, _, decode = heads
     rng = np.random.default_rng(sum(lengths) + 1)
+    q, args, kvs = _decode_inputs(rng, lengths, kv, qh, d, dtype)
+    decode(*args, 0, 1.0, 1e4, SCALE)
+    tol = 2e-3 if dtype == "float16" else 1e-5
+    for b, (k, v) in enumerate(kvs):
+        out, lse = _attention(q[b:b + 1], k, v, causal=False)
+        np.testing.assert_allclose(args[7].numpy()[b:b + 1].astype(np.float64), out, atol=tol, rtol=tol)
+        np.testing.assert_allclose(args[8].numpy()[b:b + 1], lse, atol=tol, rtol=tol)
+
+
+def _decode_inputs(rng, lengths, kv, qh, d, dtype):
+    """A decode's arguments (pages in a shuffled table, outputs NaN), and each sequence's keys
+    and values in order."""
     pages_of = [-(-n // PAGE) for n in lengths]
     pool = sum(pages_of) + 5
     pages = rng.standard_normal((pool, 2, kv, PAGE, d)).astype(dtype)
@@ -75,14 +91,49 @@ def test_paged_decode(heads, lengths):
     q = rng.standard_normal((len(lengths), qh, d)).astype(dtype)
     args = _tensors(q, pages, indptr, table, last, np.zeros(len(lengths), "int32"), np.zeros(len(lengths), "int32"),
                     np.full((len(lengths), qh, d), np.nan, dtype), np.full((len(lengths), qh), np.nan, "float32"))
-    decode(*args, 0, 1.0, 1e4, SCALE)
-    tol = 2e-3 if dtype == "float16" else 1e-5
+    kvs = []
     for b, n in enumerate(lengths):
         mine = pages[table[indptr[b]:indptr[b + 1]]]                   # (pages, 2, kv, PAGE, D)
-        k, v = (mine[:, i].transpose(0, 2, 1, 3).reshape(-1, kv, d)[:n] for i in (0, 1))
-        out, lse = _attention(q[b:b + 1], k, v, causal=False)
-        np.testing.assert_allclose(args[7].numpy()[b:b + 1].astype(np.float64), out, atol=tol, rtol=tol)
-        np.testing.assert_allclose(args[8].numpy()[b:b + 1], lse, atol=tol, rtol=tol)
+        kvs.append([mine[:, i].transpose(0, 2, 1, 3).reshape(-1, kv, d)[:n] for i in (0, 1)])
+    return q, args, kvs
+
+
+@pytest.fixture(scope="module", params=[(2, 8, 20), (1, 2, 64)], ids=["gqa4_w20", "gqa2_w64"])
+def windowed(request):
+    """Kernels for sliding-window attention (RecurrentGemma's local attention): windows
+    shorter than a key block of the prefill (64), and one as long."""
+    kv, qh, window = request.param
+    target = host_target()
+    return kv, qh, window, tvm.compile(ragged_prefill(kv, qh, D, "float32", window=window), target=target), \
+        tvm.compile(paged_decode(kv, qh, D, "float32", PAGE, window), target=target)
+
+
+@pytest.mark.parametrize("lengths", [[1, 19], [20, 21], [17, 100, 65], [130], [300]])
+def test_ragged_prefill_sliding_window(windowed, lengths):
+    kv, qh, window, prefill, _ = windowed
+    rng = np.random.default_rng(sum(lengths) + window)
+    total = sum(lengths)
+    q, k, v = (rng.standard_normal((total, h, D)).astype("float32") for h in (qh, kv, kv))
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype("int32")
+    args = _tensors(q, indptr, k, v, indptr, np.zeros(total, "int32"), np.zeros(len(lengths), "int32"),
+                    np.full((total, qh, D), np.nan, "float32"), np.full((total, qh), np.nan, "float32"))
+    prefill(*args, 1, 0, 1.0, 1e4, SCALE)
+    for a, b in zip(indptr[:-1], indptr[1:]):
+        out, lse = _attention(q[a:b], k[a:b], v[a:b], causal=True, window=window)
+        np.testing.assert_allclose(args[7].numpy()[a:b], out, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(args[8].numpy()[a:b], lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [[1], [20, 21], [64, 65], [100, 0, 33], [4099]])
+def test_paged_decode_sliding_window(windowed, lengths):
+    kv, qh, window, _, decode = windowed
+    rng = np.random.default_rng(sum(lengths) + 2 * window)
+    q, args, kvs = _decode_inputs(rng, lengths, kv, qh, D, "float32")
+    decode(*args, 0, 1.0, 1e4, SCALE)
+    for b, (k, v) in enumerate(kvs):
+        out, lse = _attention(q[b:b + 1], k, v, causal=True, window=window)
+        np.testing.assert_allclose(args[7].numpy()[b:b + 1], out, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(args[8].numpy()[b:b + 1], lse, atol=1e-5, rtol=1e-5)
 
 
 def test_rotary_embedding_is_refused(heads):

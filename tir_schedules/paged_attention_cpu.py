@@ -10,6 +10,11 @@ the keys; once per sequence in the prefill, per page in the decode), one online-
 rescale per block, P V accumulated along D in 2 x 32 register blocks.  ``lse`` (log2 units) as TVM's
 kernels give it, for the cache's merges.  No rotary embedding (the cache is made with
 ``RopeMode.NONE``: the model applies its own); a call asking for it fails its assert.
+
+``window`` (sliding-window attention, as transformers masks it): a query at position p sees
+the keys at p - window + 1 .. p.  The cache keeps every key (no eviction: the caller makes
+it without TVM's sliding-window support); the kernels skip the blocks before the window and
+mask the rest.  0: no window.
 """
 from tvm import tirx
 from tvm.script import tirx as T
@@ -21,15 +26,16 @@ NEG = -3.0e38            # the running max before any key: exp2(NEG - m) is 0 fo
 EMPTY_LSE = -5.0e4       # TVM's lse of a row with no keys
 CACHE_KERNELS = ("tir_attention_", "kv_cache_")
 LANES = 8                # partial maxima and sums: one AVX2 vector
+NO_WINDOW = 1 << 30      # a window no sequence reaches (what ``window=0`` means)
 
 
 @T.macro(hygienic=False)
-def _softmax_block(s, o, m, total, part, r, lim, width, D):
-    """Row ``r``'s scores ``s[r, :width]`` (log2 units, the first ``lim`` real) as
+def _softmax_block(s, o, m, total, part, r, low, lim, width, D):
+    """Row ``r``'s scores ``s[r, :width]`` (log2 units, those in ``low .. lim - 1`` real) as
     probabilities against the new running max ``m[r]``, ``total[r]`` and ``o[r]`` rescaled to
     it: the online softmax over one key block, maxima and sums in vector lanes."""
     for c in T.vectorized(width):
-        s[r, c] = T.if_then_else(c < lim, s[r, c], T.float32(NEG))
+        s[r, c] = T.if_then_else(c < lim and c >= low, s[r, c], T.float32(NEG))
     for i in T.vectorized(LANES):
         part[i] = m[r]
     for cb in T.serial(width // LANES):
@@ -38,7 +44,7 @@ def _softmax_block(s, o, m, total, part, r, lim, width, D):
     for i in T.serial(LANES - 1):
         part[0] = T.max(part[0], part[i + 1])
     for c in T.vectorized(width):
-        s[r, c] = T.if_then_else(c < lim, exp2(s[r, c] - part[0]), T.float32(0))
+        s[r, c] = T.if_then_else(c < lim and c >= low, exp2(s[r, c] - part[0]), T.float32(0))
     total[r] = total[r] * exp2(m[r] - part[0])
     for d in T.vectorized(D):
         o[r, d] = o[r, d] * exp2(m[r] - part[0])
@@ -72,10 +78,11 @@ def _finish_row(o, m, total, r, output, lse, token, head, dtype, D):
     lse[token, head] = T.if_then_else(total[r] > T.float32(0), m[r] + T.log2(total[r]), T.float32(EMPTY_LSE))
 
 
-def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
+def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64, window=0):
     """``batch_prefill_ragged_kv``: attention of each sequence's new queries on its new keys
-    and values (causal: query i of n sees keys up to kv_len - n + i)."""
-    G, D, TQ, TK = q_heads // kv_heads, head_dim, q_tile, k_tile
+    and values (causal: query i of n sees keys up to kv_len - n + i, and with a ``window``
+    none before kv_len - n + i - window + 1)."""
+    G, D, TQ, TK, W = q_heads // kv_heads, head_dim, q_tile, k_tile, window or NO_WINDOW
     DB = 32 if D % 32 == 0 else D   # value columns of a register block
     R = -(-TQ * G // 2) * 2  # rows of a task: TQ queries x G heads (even: padded with zero queries)
 
@@ -133,7 +140,9 @@ def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
                         qs[r, d] = T.if_then_else(r < rows, T.Cast(F32, q[q0 + i0 + T.min(r, rows - 1) // G, h * G + r % G, d]),
                                                   T.float32(0)) * sm_scale * T.float32(LOG2E)
                     _start_rows(m, total, o, R, D)
-                    for j in T.serial((seen + TK - 1) // TK):
+                    # the first key block the tile's first query sees
+                    skip: T.let[T.int32] = T.if_then_else(causal > 0, T.max(0, n_k - n_q + i0 - W + 1) // TK, 0)
+                    for j in T.serial(skip, (seen + TK - 1) // TK):
                         j0: T.let[T.int32] = j * TK
                         cols: T.let[T.int32] = T.min(TK, seen - j0)
                         # register blocks of 2 rows x 32 keys (accumulators held across d)
@@ -153,7 +162,8 @@ def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
                         for r in T.serial(rows):
                             # keys this query sees, counted from j0
                             lim: T.let[T.int32] = T.min(cols, T.if_then_else(causal > 0, n_k - n_q + i0 + r // G + 1, n_k) - j0)
-                            _softmax_block(s, o, m, total, part, r, lim, TK, D)
+                            low: T.let[T.int32] = T.if_then_else(causal > 0, n_k - n_q + i0 + r // G - W + 1 - j0, 0)
+                            _softmax_block(s, o, m, total, part, r, low, lim, TK, D)
                         for rb, db in T.grid(R // 2, D // DB):
                             with T.sblock("values"):
                                 acc = T.sblock_alloc_buffer((2, DB), F32, scope="local")
@@ -173,10 +183,11 @@ def ragged_prefill(kv_heads, q_heads, head_dim, dtype, q_tile=16, k_tile=64):
     return batch_prefill_ragged_kv
 
 
-def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
-    """``batch_decode_paged_kv_cpu``: one query per sequence on all its pages (no sliding
-    window); a page is a key block."""
-    G, D, P = q_heads // kv_heads, head_dim, page_size
+def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16, window=0):
+    """``batch_decode_paged_kv_cpu``: one query per sequence (the last token of its pages) on
+    all its pages, or with a ``window`` on the last ``window`` keys; a page is a key block.
+    (The pages are the sequence's keys in order: the cache evicts none.)"""
+    G, D, P, W = q_heads // kv_heads, head_dim, page_size, window or NO_WINDOW
 
     @T.prim_func(s_tir=True)
     def batch_decode_paged_kv(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
@@ -213,10 +224,12 @@ def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
                 h: T.let[T.int32] = task % kv_heads
                 first: T.let[T.int32] = page_indptr[b]
                 n_pages: T.let[T.int32] = page_indptr[b + 1] - first
+                # the first key the query sees
+                lo: T.let[T.int32] = T.max(0, (n_pages - 1) * P + last_page_len[b] - W)
                 for g, d in T.grid(G, D):
                     qs[g, d] = T.Cast(F32, Q[b, h * G + g, d]) * sm_scale * T.float32(LOG2E)
                 _start_rows(m, total, o, G, D)
-                for p in T.serial(n_pages):
+                for p in T.serial(lo // P, n_pages):
                     page: T.let[T.int32] = page_values[first + p]
                     cols: T.let[T.int32] = T.if_then_else(p == n_pages - 1, last_page_len[b], P)
                     for c, d in T.grid(P, D):
@@ -227,7 +240,7 @@ def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
                         for d in T.serial(D):
                             for c in T.vectorized(P):
                                 s[g, c] = s[g, c] + qs[g, d] * kt[d, c]
-                        _softmax_block(s, o, m, total, part, g, cols, P, D)
+                        _softmax_block(s, o, m, total, part, g, lo - p * P, cols, P, D)
                         for c in T.serial(cols):
                             for d in T.vectorized(D):
                                 o[g, d] = o[g, d] + s[g, c] * T.Cast(F32, pages[page, 1, h, c, d])
@@ -237,11 +250,11 @@ def paged_decode(kv_heads, q_heads, head_dim, dtype, page_size=16):
     return batch_decode_paged_kv
 
 
-def replace_cache_kernels(mod, kv_heads, q_heads, head_dim, dtype, page_size=16):
+def replace_cache_kernels(mod, kv_heads, q_heads, head_dim, dtype, page_size=16, window=0):
     """``mod`` (holding ``TIRPagedKVCache``'s CPU kernels) with the ragged prefill and the
     decode kernels above in their places, under the same names."""
-    kernels = {"tir_attention_prefill_ragged_cpu": ragged_prefill(kv_heads, q_heads, head_dim, dtype),
-               "tir_attention_decode_cpu": paged_decode(kv_heads, q_heads, head_dim, dtype, page_size)}
+    kernels = {"tir_attention_prefill_ragged_cpu": ragged_prefill(kv_heads, q_heads, head_dim, dtype, window=window),
+               "tir_attention_decode_cpu": paged_decode(kv_heads, q_heads, head_dim, dtype, page_size, window)}
     for gv, func in list(mod.functions_items()):
         if gv.name_hint in kernels:
             mod[gv] = kernels[gv.name_hint].with_attr("global_symbol", gv.name_hint)
