@@ -370,6 +370,10 @@ def written_buffers(rec, value, users):
         env = {s: rng.standard_normal(shape) for s in rec.states}
         interp = Interpreter(value, missing=lambda var: rng.standard_normal(tensor_shape(var) or ()))
         interp.memo.update(env)
+        first = v                       # the buffer before the writes: random, whatever made it
+        while op_name(value.get(first)) == "relax.where" and tensor_shape(first) == full:
+            first = value[first].args[2]
+        interp.memo[first] = rng.standard_normal(full)
         try:
             got = interp(v)
         except EVAL_ERRORS:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .state_layout import StateLayout, TensorTreeLayout, attributes_restored, held_states
+
 
 @dataclass
 class Timings:
@@ -37,191 +39,6 @@ class Timings:
     @property
     def decode_tokens_per_s(self):
         return self.decode_steps / self.decode_s if self.decode_s > 0 else float("nan")
-
-
-@dataclass(frozen=True)
-class StateSlot:
-    """One state tensor of the cache: layer ``layer``'s ``kind`` state number ``index``.
-    Kinds: "conv" and "recurrent" (a linear-attention layer's windows and states, fixed
-    shapes), "keys" and "values" (an attention layer's cache, (B, heads, T, head dim): T, the
-    tokens seen, grows by one a decode step).  ``shape`` includes the batch."""
-    layer: int
-    kind: str
-    index: int
-    shape: tuple
-    dtype: str
-
-    @property
-    def grows(self):
-        """Whether the tensor gains a position (axis 2) with every token."""
-        return self.kind in ("keys", "values")
-
-
-class StateLayout:
-    """The cache's states in a fixed order, as a flat list of tensors (what the compiled
-    functions take and return)."""
-
-    def __init__(self, slots, paged=None):
-        self.slots = tuple(slots)
-        self.paged = paged            # a PagedSpec: attention layers in TVM's paged KV cache instead
-        self.not_paged = None         # why attention caches stay tensors, where they do
-
-    def with_paged(self, spec):
-        """This layout with the attention caches of ``spec.layers`` in a paged KV cache."""
-        return StateLayout([s for s in self.slots if not s.grows], spec)
-
-    @classmethod
-    def of(cls, cache):
-        """The layout of an initialized cache (after one prefill).  Sliding-window attention
-        (its window's position is a Python int of the cache) and other layers are refused."""
-        from transformers.cache_utils import (DummyLayer, DynamicLayer, DynamicSlidingWindowLayer,
-                                              LinearAttentionCacheLayerMixin)
-
-        slots = []
-        for i, layer in enumerate(cache.layers):
-            if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(
-                    layer, (LinearAttentionCacheLayerMixin, DynamicLayer, DummyLayer)):
-                raise NotImplementedError(
-                    f"cache layer {i} is {type(layer).__name__}: not carried (linear-attention "
-                    "states and full attention's key/value caches are; sliding windows are not yet)")
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
-                for kind, states, ready in (("conv", layer.conv_states, layer.is_conv_states_initialized),
-                                            ("recurrent", layer.recurrent_states,
-                                             layer.is_recurrent_states_initialized)):
-                    for idx, tensor in states.items():
-                        if ready[idx] and tensor is not None:
-                            slots.append(StateSlot(i, kind, idx, tuple(tensor.shape), _dtype(tensor)))
-            if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None:
-                slots += [StateSlot(i, kind, 0, tuple(t.shape), _dtype(t))
-                          for kind, t in (("keys", layer.keys), ("values", layer.values))]
-        if not slots:
-            raise ValueError("the model's cache holds no state after a prefill: nothing to carry")
-        return cls(slots)
-
-    @property
-    def grows(self):
-        """Whether any state gains a position a token (an attention layer's cache)."""
-        return any(s.grows for s in self.slots)
-
-    def flatten(self, cache):
-        """The cache's state tensors, in this layout's order."""
-        out = []
-        for s in self.slots:
-            layer = cache.layers[s.layer]
-            if s.grows:
-                out.append(layer.keys if s.kind == "keys" else layer.values)
-            else:
-                out.append((layer.conv_states if s.kind == "conv" else layer.recurrent_states)[s.index])
-        return out
-
-    def empty(self, model):
-        """The cache a prefill starts from (paged attention layers keep nothing: their keys and
-        values go to the paged cache as they come)."""
-        from transformers import DynamicCache
-
-        from .paged_attention import pass_through
-
-        cache = DynamicCache(config=model.config)
-        for i in (self.paged.layers if self.paged else ()):
-            cache.layers[i].update = pass_through(i)
-        return cache
-
-    def restore(self, model, tensors):
-        """A cache holding ``tensors`` (what ``flatten`` gave), as a decode step reads it."""
-        cache = self.empty(model)
-        self.load(cache, tensors)
-        return cache
-
-    def load(self, cache, tensors):
-        """Fill a fresh cache with ``tensors`` (copies: the model updates them in place), as
-        if a prefill had written them."""
-        for s, t in zip(self.slots, tensors):
-            layer = cache.layers[s.layer]
-            if s.grows:
-                layer.device, layer.is_initialized = t.device, True
-                if s.kind == "keys":
-                    layer.keys = t
-                else:
-                    layer.values = t
-                continue
-            layer.dtype, layer.device = t.dtype, t.device
-            if s.kind == "conv":
-                layer.conv_states[s.index] = t.clone()
-                layer.conv_kernel_size[s.index] = s.shape[-1]
-                layer.is_conv_states_initialized[s.index] = True
-            else:
-                layer.recurrent_states[s.index] = t.clone()
-                layer.is_recurrent_states_initialized[s.index] = True
-            layer.has_previous_state[s.index] = True
-
-
-def _dtype(tensor):
-    return str(tensor.dtype).split(".")[-1]
-
-
-class TensorTreeLayout:
-    """A model's own state container (RWKV's ``state`` list, xLSTM's ``xLSTMCache``), not a
-    transformers ``Cache``: every tensor in it, in one walk order (lists, tuples, dicts,
-    attributes), fixed shapes.  A decode step gets a copy of the container with its tensors
-    replaced; a prefill starts from none (the model makes its own initial state)."""
-
-    grows = False
-    paged = None
-
-    def __init__(self, template, slots):
-        self.template, self.slots = template, tuple(slots)
-
-    @classmethod
-    def of(cls, cache):
-        leaves = _leaves(cache)
-        if not leaves:
-            raise ValueError(f"the model's {type(cache).__name__} holds no tensor after a prefill: nothing to carry")
-        return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t)) for i, t in enumerate(leaves)])
-
-    def flatten(self, cache):
-        return _leaves(cache)
-
-    def empty(self, model):
-        return None
-
-    def restore(self, model, tensors):
-        return _rebuilt(self.template, iter([t.clone() for t in tensors]))   # (models update them in place)
-
-
-def _leaves(x):
-    """The tensors of a state container, in walk order."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _leaves(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _leaves(v)]
-    if hasattr(x, "__dict__") and not isinstance(x, (torch.nn.Module, type)):
-        return [t for k, v in vars(x).items() if k != "config" for t in _leaves(v)]
-    return []
-
-
-def _rebuilt(x, tensors):
-    """``x`` with its tensors (``_leaves`` order) taken from ``tensors``."""
-    import copy
-
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return next(tensors)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_rebuilt(v, tensors) for v in x)
-    if isinstance(x, dict):
-        return {k: _rebuilt(v, tensors) for k, v in x.items()}
-    if _leaves(x):
-        out = copy.copy(x)
-        for k, v in vars(x).items():
-            if k != "config" and _leaves(v):
-                setattr(out, k, _rebuilt(v, tensors))
-        return out
-    return x
 
 
 @contextlib.contextmanager
@@ -241,6 +58,8 @@ def torch_kernels():
 
 
 ROOM = 4096   # tokens a paged KV cache has room for after the prompt, unless told
+PROBE = 40    # tokens of the prompt that checks a model's attention through the paged cache
+              # (past a short sliding window)
 
 _CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 
@@ -263,26 +82,38 @@ def _run(model, input_ids, cache, **extra):
 def _layout(model, attention_cache="paged"):
     """The state layout, from one eager prefill of two tokens: from a ``DynamicCache`` where
     the model takes a transformers cache (it fills the one it is given), else from none (RWKV's
-    ``state=``); what it holds after is a transformers ``Cache`` or a container of its own.
-    Attention caches go to a paged KV cache where ``_paged_spec`` finds they can."""
+    ``state=``); what it holds after is a transformers ``Cache`` or a container of its own,
+    and the tensors the model set on its modules (``held_states``).  Attention caches go to a
+    paged KV cache where ``_paged_spec`` finds they can; sliding-window ones only there.  A
+    model holding states in its modules without a paged cache reads its positions from a
+    count carried with the states (its own count is its attention caches')."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import Cache
 
+    from .state_layout import _tensor_attributes
+
     if attention_cache not in ("paged", "tensors"):
         raise ValueError(f"attention_cache: 'paged' or 'tensors', got {attention_cache!r}")
     first = DynamicCache(config=model.config) if _cache_kwarg(model) in ("cache", "past_key_values") else None
-    with torch.no_grad(), torch_kernels():
+    before = _tensor_attributes(model)
+    with torch.no_grad(), torch_kernels(), attributes_restored(model):
         _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
+        held = held_states(model, before)
     if state is None:
         raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
     if not isinstance(state, Cache):
         return TensorTreeLayout.of(state)
-    layout = StateLayout.of(state)
+    layout = StateLayout.of(state, held)
     if attention_cache == "tensors" and layout.grows:
         layout.not_paged = "attention_cache='tensors' was asked for"
     spec = _paged_spec(model, layout) if layout.grows and attention_cache == "paged" else None
-    return layout.with_paged(spec) if spec else layout
+    if layout.windowed and not spec:
+        raise NotImplementedError(
+            f"cache layers {list(layout.windowed)} hold sliding-window attention, carried only in the paged KV "
+            f"cache, which does not serve this model: {layout.not_paged}")
+    layout = layout.with_paged(spec) if spec else layout
+    return layout.with_positions() if held and not spec else layout
 
 
 @contextlib.contextmanager
@@ -306,27 +137,29 @@ def _paged_spec(model, layout):
     from . import paged_attention as paged
 
     layers = sorted({s.layer for s in layout.slots if s.grows})
-    ids = (torch.arange(5) * 7 % model.config.vocab_size)[None]
+    ids = (torch.arange(PROBE) * 7 % model.config.vocab_size)[None]
     try:
-        with torch.no_grad(), torch_kernels():
+        with torch.no_grad(), torch_kernels(), attributes_restored(model):
             want, _ = _run(model, ids, layout.empty(model))
             probe = StateLayout(layout.slots, paged.PagedSpec(tuple(layers), 0, 0, 0, ""))
             with attention_implementation(model, paged.registered()), paged.recording() as calls:
                 got, _ = _run(model, ids, probe.empty(model))
     except Exception as err:          # pylint: disable=broad-except (the tensor caches serve it)
         return _not_paged(layout, f"its attention through the paged cache fails: {type(err).__name__}: {err}")
-    shapes = {(q.shape[1], k.shape[1], q.shape[3], k.shape[3], v.shape[3], str(q.dtype)) for _, q, k, v in calls}
+    shapes = {(q.shape[1], k.shape[1], q.shape[3], k.shape[3], v.shape[3], str(q.dtype), window)
+              for _, q, k, v, window in calls}
     if sorted({layer for layer, *_ in calls}) != layers:
         return _not_paged(layout, f"attention calls seen at layers {sorted({c[0] for c in calls})}, "
                                   f"caches at {layers}")
     if len(shapes) != 1 or len(set(next(iter(shapes))[2:4])) != 1:
-        return _not_paged(layout, "one cache needs one (q heads, kv heads, q/k head size, v head size): "
+        return _not_paged(layout, "one cache needs one (q heads, kv heads, q/k head size, v head size, dtype, "
+                                  "sliding window): "
                                   f"{sorted(shapes)}")
     if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
         return _not_paged(layout, "its logits with the paged attention differ from its own: "
                                   f"{float((got - want).abs().max()):.3g}")
-    (q_heads, kv_heads, dim, _, value_dim, dtype), = shapes
-    return paged.PagedSpec(tuple(layers), q_heads, kv_heads, max(dim, value_dim), dtype.split(".")[-1])
+    (q_heads, kv_heads, dim, _, value_dim, dtype, window), = shapes
+    return paged.PagedSpec(tuple(layers), q_heads, kv_heads, max(dim, value_dim), dtype.split(".")[-1], window)
 
 
 def _not_paged(layout, why):
@@ -336,7 +169,8 @@ def _not_paged(layout, why):
 
 def _steps(model, layout):
     """The two traced modules: ``prefill(input_ids)`` and ``decode(token_ids, *states)``, each
-    returning ``(logits of the last position, *states)``."""
+    returning ``(logits of the last position, *states)``.  (Each runs the model inside
+    ``attributes_restored``: what it sets on its modules is read into the states, then undone.)"""
     import torch
 
     class Prefill(torch.nn.Module):
@@ -345,17 +179,23 @@ def _steps(model, layout):
             self.model = model
 
         def forward(self, input_ids):
-            logits, cache = _run(self.model, input_ids, layout.empty(self.model))
-            return (logits, *layout.flatten(cache))
+            with attributes_restored(self.model):
+                logits, cache = _run(self.model, input_ids, layout.empty(self.model))
+                seen = torch.ones_like(input_ids[:, :1]) * input_ids.shape[1]
+                return (logits, *layout.flatten(cache, self.model, seen))
 
     class Decode(torch.nn.Module):
+        """(Positions from the count carried in the states, where the layout has one.)"""
         def __init__(self):
             super().__init__()
             self.model = model
 
         def forward(self, token_ids, *states):
-            logits, cache = _run(self.model, token_ids, layout.restore(self.model, states))
-            return (logits, *layout.flatten(cache))
+            position = layout.positions(states)
+            extra = {} if position is None else {"position_ids": position}
+            with attributes_restored(self.model):
+                logits, cache = _run(self.model, token_ids, layout.restore(self.model, states), **extra)
+                return (logits, *layout.flatten(cache, self.model, None if position is None else position + 1))
 
     class PagedDecode(torch.nn.Module):
         """(The paged cache holds the positions seen; the model's rotary embedding reads them
@@ -365,9 +205,10 @@ def _steps(model, layout):
             self.model = model
 
         def forward(self, token_ids, position_ids, *states):
-            logits, cache = _run(self.model, token_ids, layout.restore(self.model, states),
-                                 position_ids=position_ids)
-            return (logits, *layout.flatten(cache))
+            with attributes_restored(self.model):
+                logits, cache = _run(self.model, token_ids, layout.restore(self.model, states),
+                                     position_ids=position_ids)
+                return (logits, *layout.flatten(cache, self.model))
 
     if getattr(layout, "paged", None):
         return Prefill().eval(), PagedDecode().eval()
@@ -409,8 +250,11 @@ class CompiledCausalLM:
         """The shortest prompt ``prefill`` runs as one call: its trace holds for prompts at
         least as long as the widest conv window (a shorter one is padded inside the model, a
         different program); shorter prompts are decoded token by token from zero states,
-        which is what the model computes for them."""
-        return max([s.shape[-1] for s in self.layout.slots if s.kind == "conv"] + [1])
+        which is what the model computes for them.  A state a model keeps in its modules is
+        taken for a window along its last axis when it has three axes or more
+        (RecurrentGemma's conv windows, (B, width, kernel - 1))."""
+        return max([s.shape[-1] for s in self.layout.slots
+                    if s.kind == "conv" or (s.kind == "module" and len(s.shape) >= 3)] + [1])
 
     def zero_states(self, batch=1, max_length=None):
         """The states before any token (what a fresh transformers cache holds); with attention

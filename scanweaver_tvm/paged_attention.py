@@ -4,7 +4,7 @@ The model's own code is traced, with its attention routed through one op of ours
 calls every attention layer's kernel through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``
 (after RoPE, with the keys and values the cache returns), so an implementation registered there
 (``ATTN_IMPLEMENTATION``) sees each layer's new queries, keys and values.  It calls the torch
-op ``scanweaver::paged_attention(q, k, v, layer, scale)``; the cache layers of those attention
+op ``scanweaver::paged_attention(q, k, v, layer, scale, window)``; the cache layers of those attention
 layers (``PassThroughLayer``) keep nothing and return the new keys and values as they are, and
 the causal mask is left to the kernel (the registered mask function builds none).  In Relax the
 op is a placeholder call (``PLACEHOLDER``) with the shapes of q, k and v, so a trace generalizes
@@ -14,9 +14,11 @@ turns each placeholder into ``vm.builtin.attention_kv_cache_attention_with_fused
 makes the cache (TVM's CPU attention kernels with it).  Rotary embeddings are the model's (the
 cache is made with ``RopeMode.NONE``); positions come in as ``position_ids``.
 
-The kernels need one (key/value heads, head dim) for every layer and the same head dim for q, k
-and v; a model whose attention layers differ, or use a sliding window, a soft cap or sinks,
-keeps its caches as tensors (``causal_lm``).
+The kernels need one (key/value heads, head dim, sliding window) for every layer; a smaller
+v head size is padded.  A model whose attention layers differ, or use a soft cap or sinks,
+keeps its caches as tensors (``causal_lm``).  A sliding window (RecurrentGemma's local
+attention) is served by ScanWeaver's CPU kernels only: the cache keeps every key, the kernels
+mask by position.
 """
 import contextlib
 from dataclasses import dataclass
@@ -37,12 +39,14 @@ PAGE_SIZE = 16
 class PagedSpec:
     """The shapes the paged cache is made for: attention layers ``layers`` (the model's layer
     indices, in the cache's order), ``q_heads``/``kv_heads`` heads of ``head_dim`` (the larger
-    of the q/k and v head sizes: the smaller is padded with zeros)."""
+    of the q/k and v head sizes: the smaller is padded with zeros); ``window``: each query
+    sees its last ``window`` keys (0: all before it)."""
     layers: tuple
     q_heads: int
     kv_heads: int
     head_dim: int
     dtype: str
+    window: int = 0
 
     def cache_layer(self, model_layer):
         return self.layers.index(model_layer)
@@ -53,21 +57,25 @@ _OP = None
 
 def _op():
     """``torch.ops.scanweaver.paged_attention``, defined once.  Eagerly it is causal attention
-    over the keys and values it is given (a prefill from an empty cache); traced, its shape."""
+    over the keys and values it is given (a prefill from an empty cache), each query on its
+    last ``window`` keys when ``window`` > 0; traced, its shape."""
     global _OP
     if _OP is None:
         import torch
 
         @torch.library.custom_op("scanweaver::paged_attention", mutates_args=())
         def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                            scale: float) -> torch.Tensor:
+                            scale: float, window: int) -> torch.Tensor:
             rep = q.shape[1] // k.shape[1]
+            at = torch.arange(q.shape[2])
+            back = at[:, None] - at[None, :]             # how far back each key is
+            visible = (back >= 0) & ((back < window) if window > 0 else True)
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True, scale=scale)
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=visible, scale=scale)
             return out.transpose(1, 2).contiguous()
 
         @paged_attention.register_fake
-        def _(q, k, v, layer, scale):
+        def _(q, k, v, layer, scale, window):
             return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
         _OP = torch.ops.scanweaver.paged_attention
@@ -79,7 +87,7 @@ _RECORDS = []
 
 @contextlib.contextmanager
 def recording():
-    """The attention calls made inside, as (layer, q, k, v)."""
+    """The attention calls made inside, as (layer, q, k, v, window)."""
     calls = []
     _RECORDS.append(calls)
     try:
@@ -90,7 +98,7 @@ def recording():
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function signature: (B, H, L, D) in, ((B, L, Hq, D), None) out."""
-    for name in ("sliding_window", "softcap", "s_aux"):
+    for name in ("softcap", "s_aux"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attention layer {getattr(module, 'layer_idx', '?')}: {name} is "
                                       "not served by the paged KV cache")
@@ -99,9 +107,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         raise NotImplementedError(f"{type(module).__name__}: no cache layer known for its attention")
     _UPDATED.clear()
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    window = int(kwargs.get("sliding_window") or 0)
     for calls in _RECORDS:
-        calls.append((int(layer), query, key, value))
-    return _op()(query, key, value, int(layer), scale), None
+        calls.append((int(layer), query, key, value, window))
+    return _op()(query, key, value, int(layer), scale, window), None
 
 
 _UPDATED = []
@@ -134,16 +143,17 @@ def registered():
 
 def convert_paged_attention(node, importer):
     """The Relax converter of ``scanweaver::paged_attention``: the placeholder call on q, k and
-    v as (B, L, heads, D)."""
+    v as (B, L, heads, D) (the window goes with it, checked against the cache's)."""
     from tvm import relax
 
     emit = importer.block_builder.emit
     q, k, v = (emit(relax.op.permute_dims(importer.env[a], [0, 2, 1, 3])) for a in node.args[:3])
-    layer, scale = int(node.args[3]), float(node.args[4])
+    layer, scale, window = int(node.args[3]), float(node.args[4]), int(node.args[5])
     b, length, heads, _ = q.ty.shape
     out = relax.TensorType((b, length, heads, v.ty.shape[3]), q.ty.dtype)
     return emit(relax.call_dps_packed(relax.ExternFunc(PLACEHOLDER),
-                                      [relax.prim_value(layer), relax.prim_value(scale), q, k, v], out_ty=out))
+                                      [relax.prim_value(layer), relax.prim_value(scale), relax.prim_value(window),
+                                       q, k, v], out_ty=out))
 
 
 def bind_kv_cache(func, spec):
@@ -159,7 +169,10 @@ def bind_kv_cache(func, spec):
             if not (len(call.args) == 2 and isinstance(call.args[0], relax.ExternFunc)
                     and call.args[0].global_symbol == PLACEHOLDER):
                 return call
-            layer, scale, q, k, v = call.args[1].fields
+            layer, scale, window, q, k, v = call.args[1].fields
+            if int(window.value) != spec.window:
+                raise ValueError(f"attention layer {int(layer.value)}: sliding window {int(window.value)}, "
+                                 f"the cache's kernels are made for {spec.window}")
             b, length, heads, _ = q.ty.shape
             dim, value_dim = spec.head_dim, v.ty.shape[3]
             emit = self.builder_.emit
@@ -197,6 +210,10 @@ def add_create_function(mod, spec, target):
     from tvm import relax, tirx
     from tvm.relax.frontend.nn.llm.kv_cache import RopeMode, TIRPagedKVCache
 
+    target = tvm.target.Target(target) if isinstance(target, str) else target
+    if spec.window and target.kind.name != "llvm":
+        raise NotImplementedError(f"sliding-window attention (window {spec.window}) in the paged KV cache: "
+                                  f"only ScanWeaver's CPU kernels mask by window, not TVM's {target.kind.name} ones")
     names = ("max_batch_size", "max_total_seq_len", "prefill_chunk_size", "page_size", "support_sliding_window")
     syms = [tirx.Var(n, "int64") for n in names]
     sizes = relax.Var("sizes", relax.ShapeType(syms))
@@ -209,10 +226,11 @@ def add_create_function(mod, spec, target):
             qk_head_dim=spec.head_dim, v_head_dim=spec.head_dim, mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0, rope_mode=RopeMode.NONE, rope_scale=1, rope_theta=10000, rope_scaling={},
             rope_ext_factors=relax.prim_value(0), rotary_dim=spec.head_dim, enable_disaggregation=False,
-            dtype=spec.dtype, target=tvm.target.Target(target) if isinstance(target, str) else target)
+            dtype=spec.dtype, target=target)
         bb.emit_func_output(bb.emit(cache._expr))    # pylint: disable=protected-access
     # on a CPU, parallel attention kernels in place of TVM's one-core ones (no-op elsewhere)
-    return replace_cache_kernels(bb.get(), spec.kv_heads, spec.q_heads, spec.head_dim, spec.dtype, PAGE_SIZE)
+    return replace_cache_kernels(bb.get(), spec.kv_heads, spec.q_heads, spec.head_dim, spec.dtype, PAGE_SIZE,
+                                 spec.window)
 
 
 class KVCache:

@@ -31,11 +31,12 @@ overflows nor underflows at any magnitude (``log(cumsum(exp(x)))`` does both).  
 as (before, L, after) with a reshape (no transpose): the time-major layout of the spec.
 """
 import math
+import sys
 
 from tvm import relax
 
 from relax_pass.body import BodyError, TwoSteps, lift_body, stacked
-from scanweaver_core.exprs import tensor_dtype
+from scanweaver_core.exprs import tensor_dtype, tensor_shape
 from scanweaver_core.scan_op import emit_stabilized_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
@@ -60,7 +61,39 @@ def custom_convert_map():
             "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm,
             "logcumsumexp.default": convert_logcumsumexp, "exp2.default": convert_exp2,
             "topk.default": convert_topk, "cat.default": convert_cat,
+            "constant_pad_nd.default": convert_constant_pad, "pad.default": convert_constant_pad,
             "paged_attention.default": convert_paged_attention}
+
+
+def convert_constant_pad(node, importer):
+    """``aten.constant_pad_nd`` and ``aten.pad`` (constant mode), negative amounts as slices.
+    ``F.pad(x, (w - L, 0))`` (RecurrentGemma's conv window after a prompt of L > w) imports
+    as ``nn.pad`` with a width of w - L: its attributes change with L, so a prompt traced at
+    several lengths does not generalize.  A negative amount in front becomes the slice that
+    keeps the last elements (``x[..., -k:]``, the same at every L: the window idiom), one
+    behind keeps the first; positive amounts are padded after, as before."""
+    args = list(node.args) + [None] * 4
+    mode = args[2] if node.target.__name__.startswith("pad") else "constant"
+    amounts = list(args[1])
+    if (mode or "constant") != "constant" or min(amounts) >= 0:
+        return importer._pad(node) if node.target.__name__.startswith("pad") \
+            else importer._constant_pad_nd(node)  # pylint: disable=protected-access
+    x = importer.env[node.args[0]]
+    value = args[3] if node.target.__name__.startswith("pad") else args[2]
+    emit, shape = importer.block_builder.emit, tensor_shape(x)
+    widths = [0] * (2 * len(shape))
+    for i in range(0, len(amounts), 2):          # (last axis first, (front, back)) pairs
+        axis = len(shape) - 1 - i // 2
+        front, back = amounts[i], amounts[i + 1]
+        kept = int(shape[axis]) + min(front, 0) + min(back, 0)
+        if front < 0:
+            x = emit(relax.op.strided_slice(x, axes=[axis], begin=[min(back, 0) - kept], end=[sys.maxsize]))
+        if back < 0:
+            x = emit(relax.op.strided_slice(x, axes=[axis], begin=[0], end=[kept]))
+        widths[2 * axis], widths[2 * axis + 1] = max(front, 0), max(back, 0)
+    if max(widths) == 0:
+        return x
+    return emit(relax.op.nn.pad(x, widths, "constant", 0.0 if value is None else value))
 
 
 def convert_logcumsumexp(node, importer):
