@@ -7,14 +7,17 @@ tuple, parameter index).  ``InPlaceStates`` runs after TVM's dataflow lowering (
 called in destination-passing style on a tensor from ``alloc_tensor``), before memory
 planning.  For each pair it follows the returned value back (through aliases, reshapes and
 tuple items) to the ``alloc_tensor`` a kernel writes it into, and, where it is safe, passes
-the parameter to that kernel instead (the allocation goes away):
+the parameter to that kernel instead (the allocation goes away; where the kernel writes
+another shape of the same elements, RecurrentGemma's (B, 1, W) for its (B, W) state, a
+reshaped view of the parameter takes its place):
 
 - nothing after the kernel reads the parameter (or a view of it), and no other returned value
   is one;
 - the kernel does not read the parameter (the conv window: shifted from a concat made
   earlier), or reads it only where it writes the output: one block writes the output, with
   data-parallel iterators only (no init, no reduction), and every read of the parameter is in
-  that block at exactly the element written (``h' = a * h + b``).
+  that block at exactly the element written (``h' = a * h + b``; in row-major order where
+  the shapes differ).
 
 Anything else is left as it is (a fresh tensor, as before): never a different result.  The
 functions made in place are listed in the attribute ``REPORT_ATTR`` (``in_place_report``).
@@ -91,7 +94,7 @@ def _one(mod, func, out_index, param_index):
     param = func.params[param_index]
     target = bind.root(fields.fields[out_index])
     if target.same_as(param) or not _is_op(bind.value.get(target), "relax.builtin.alloc_tensor") or \
-            not tvm_ffi.structural_equal(target.ty, param.ty):
+            not _same_elements(target.ty, param.ty):
         return func, False
     writers = [b for b in bind.list if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
                and any(a.same_as(target) for a in b.value.args)]
@@ -111,7 +114,32 @@ def _one(mod, func, out_index, param_index):
     if len(out) != 1 or (reads and (len(reads) != 1 or not args[reads[0]].same_as(param) or
                                     not _pointwise(kernel, kernel.params[reads[0]], kernel.params[out[0]]))):
         return func, False
-    return _Swap(target, param).visit_expr(func), True
+    if tvm_ffi.structural_equal(target.ty, param.ty):
+        return _Swap(target, param).visit_expr(func), True
+    return _Swap(target, param, view=True).visit_expr(func), True
+
+
+def _same_elements(a, b):
+    """Both tensor types of one dtype and static shapes of the same number of elements."""
+    def count(ty):
+        if not isinstance(ty, relax.TensorType) or ty.shape is None or \
+                not all(isinstance(d, tirx.IntImm) for d in ty.shape.values):
+            return None
+        n = 1
+        for d in ty.shape.values:
+            n *= int(d)
+        return n
+    return a.dtype == b.dtype and count(a) is not None and count(a) == count(b)
+
+
+def _flat(region, shape):
+    """The row-major offset of a one-element ``region`` of a buffer of ``shape`` (else None)."""
+    if any(not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1) for r in region):
+        return None
+    offset = tirx.const(0, "int64")
+    for r, d in zip(region, shape):
+        offset = offset * tirx.Cast("int64", d) + tirx.Cast("int64", r.min)
+    return offset
 
 
 def _pointwise(kernel, state, out):
@@ -131,21 +159,32 @@ def _pointwise(kernel, state, out):
     if writer.init is not None or any(int(iv.iter_type) != 0 for iv in writer.iter_vars):   # 0: data parallel
         return False
     written = [w for w in writer.writes if w.source.same_as(out)][0].region
-    return all(b.same_as(writer) and tvm_ffi.structural_equal(r.region, written)
-               for b in blocks for r in b.reads if r.source.same_as(state))
+    analyzer = tvm.sym.Analyzer()
+
+    def at_written(read):
+        if tvm_ffi.structural_equal(read.region, written):
+            return True
+        a, b = _flat(read.region, read.source.shape), _flat(written, out.shape)
+        return a is not None and b is not None and analyzer.can_prove_equal(a, b)
+
+    return all(b.same_as(writer) and at_written(r) for b in blocks for r in b.reads if r.source.same_as(state))
 
 
 @relax.expr_functor.mutator
 class _Swap(relax.PyExprMutator):
-    """``old`` (a fresh tensor) replaced by ``new`` (a parameter) everywhere; its allocation dropped."""
+    """``old`` (a fresh tensor) replaced by ``new`` (a parameter) everywhere; its allocation
+    dropped.  With ``view``, ``old`` stays, bound to ``new`` reshaped to its shape instead."""
 
-    def __init__(self, old, new):
+    def __init__(self, old, new, view=False):
         super().__init__()
-        self.old, self.new = old, new
+        self.old, self.new, self.view = old, new, view
 
     def visit_var_(self, var):     # pylint: disable=arguments-renamed
-        return self.new if var.same_as(self.old) else var
+        return self.new if var.same_as(self.old) and not self.view else var
 
     def visit_var_binding_(self, binding):
         if not binding.var.same_as(self.old):
             super().visit_var_binding_(binding)
+        elif self.view:
+            view = self.builder_.normalize(relax.op.reshape(self.new, self.old.ty.shape))
+            self.builder_.emit_normalized(relax.VarBinding(self.old, view))

@@ -12,7 +12,8 @@ positions seen, returned with ``T + 1``).  A model with a state container of its
 ``state`` list) is carried as its tensors (``TensorTreeLayout``).  Each step returns the last
 position's logits and the states after it.  The two imported functions go into one IRModule
 (``prefill``, ``decode``), compiled once by ``sw.compile`` (the prompt's scans fused), one
-executable per batch size.  Sliding-window attention caches are refused by layer.
+executable per batch size.  States a model keeps in its modules' attributes (RecurrentGemma)
+are slots too; sliding-window attention is carried in the paged KV cache only.
 """
 import contextlib
 import inspect
@@ -84,9 +85,7 @@ def _layout(model, attention_cache="paged"):
     the model takes a transformers cache (it fills the one it is given), else from none (RWKV's
     ``state=``); what it holds after is a transformers ``Cache`` or a container of its own,
     and the tensors the model set on its modules (``held_states``).  Attention caches go to a
-    paged KV cache where ``_paged_spec`` finds they can; sliding-window ones only there.  A
-    model holding states in its modules without a paged cache reads its positions from a
-    count carried with the states (its own count is its attention caches')."""
+    paged KV cache where ``_paged_spec`` finds they can; sliding-window ones only there."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import Cache
@@ -112,8 +111,7 @@ def _layout(model, attention_cache="paged"):
         raise NotImplementedError(
             f"cache layers {list(layout.windowed)} hold sliding-window attention, carried only in the paged KV "
             f"cache, which does not serve this model: {layout.not_paged}")
-    layout = layout.with_paged(spec) if spec else layout
-    return layout.with_positions() if held and not spec else layout
+    return layout.with_paged(spec) if spec else layout
 
 
 @contextlib.contextmanager
@@ -181,21 +179,17 @@ def _steps(model, layout):
         def forward(self, input_ids):
             with attributes_restored(self.model):
                 logits, cache = _run(self.model, input_ids, layout.empty(self.model))
-                seen = torch.ones_like(input_ids[:, :1]) * input_ids.shape[1]
-                return (logits, *layout.flatten(cache, self.model, seen))
+                return (logits, *layout.flatten(cache, self.model))
 
     class Decode(torch.nn.Module):
-        """(Positions from the count carried in the states, where the layout has one.)"""
         def __init__(self):
             super().__init__()
             self.model = model
 
         def forward(self, token_ids, *states):
-            position = layout.positions(states)
-            extra = {} if position is None else {"position_ids": position}
             with attributes_restored(self.model):
-                logits, cache = _run(self.model, token_ids, layout.restore(self.model, states), **extra)
-                return (logits, *layout.flatten(cache, self.model, None if position is None else position + 1))
+                logits, cache = _run(self.model, token_ids, layout.restore(self.model, states))
+                return (logits, *layout.flatten(cache, self.model))
 
     class PagedDecode(torch.nn.Module):
         """(The paged cache holds the positions seen; the model's rotary embedding reads them

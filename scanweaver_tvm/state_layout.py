@@ -15,8 +15,7 @@ class StateSlot:
     Kinds: "conv" and "recurrent" (a linear-attention layer's windows and states, fixed
     shapes), "keys" and "values" (an attention layer's cache, (B, heads, T, head dim): T, the
     tokens seen, grows by one a decode step), "module" (a tensor the model keeps in attribute
-    ``name``, "module path:attribute"), "position" (the tokens seen, (B, 1) int64, for a model
-    that reads its positions from nothing else carried).  ``shape`` includes the batch."""
+    ``name``, "module path:attribute").  ``shape`` includes the batch."""
     layer: int
     kind: str
     index: int
@@ -44,12 +43,6 @@ class StateLayout:
     def with_paged(self, spec):
         """This layout with the attention caches of ``spec.layers`` in a paged KV cache."""
         return StateLayout([s for s in self.slots if not s.grows], spec)
-
-    def with_positions(self):
-        """This layout with a count of the tokens seen, fed to the model as its positions."""
-        layout = StateLayout(self.slots + (StateSlot(-1, "position", 0, (1, 1), "int64"),), self.paged)
-        layout.not_paged, layout.windowed = self.not_paged, self.windowed
-        return layout
 
     @classmethod
     def of(cls, cache, held=None):
@@ -86,21 +79,17 @@ class StateLayout:
         return layout
 
     @property
-    def counts_positions(self):
-        return any(s.kind == "position" for s in self.slots)
-
-    @property
     def grows(self):
         """Whether any state gains a position a token (an attention layer's cache)."""
         return any(s.grows for s in self.slots)
 
-    def flatten(self, cache, model, seen=None):
-        """The state tensors after a step, in this layout's order: the cache's, the model's
-        attributes, and ``seen`` (the tokens seen, (B, 1)) where positions are counted."""
+    def flatten(self, cache, model):
+        """The state tensors after a step, in this layout's order: the cache's, then the
+        model's attributes."""
         out = []
         for s in self.slots:
-            if s.kind in ("module", "position"):
-                out.append(_attribute(model, s.name) if s.kind == "module" else seen)
+            if s.kind == "module":
+                out.append(_attribute(model, s.name))
                 continue
             layer = cache.layers[s.layer]
             if s.grows:
@@ -132,15 +121,11 @@ class StateLayout:
                 vars(model.get_submodule(module))[attr] = t
         return cache
 
-    def positions(self, tensors):
-        """The position of the next token, (B, 1), where this layout counts them; else None."""
-        return next((t for s, t in zip(self.slots, tensors) if s.kind == "position"), None)
-
     def load(self, cache, tensors):
         """Fill a fresh cache with ``tensors`` (copies: the model updates them in place), as
         if a prefill had written them."""
         for s, t in zip(self.slots, tensors):
-            if s.kind in ("module", "position"):
+            if s.kind == "module":
                 continue
             layer = cache.layers[s.layer]
             if s.grows:
@@ -226,7 +211,7 @@ class TensorTreeLayout:
             raise ValueError(f"the model's {type(cache).__name__} holds no tensor after a prefill: nothing to carry")
         return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t)) for i, t in enumerate(leaves)])
 
-    def flatten(self, cache, model, seen=None):
+    def flatten(self, cache, model):
         return _leaves(cache)
 
     def empty(self, model):

@@ -137,12 +137,50 @@ def test_attention_only_model_generates():
         assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (batch, length)
 
 
-def test_sliding_window_cache_is_refused_by_name():
-    """RecurrentGemma's local attention keeps a window whose position is a Python int of the
-    cache: not carried yet, said by layer."""
-    torch.manual_seed(0)
+def _recurrent_gemma(window=16):
+    """Griffin: two RG-LRU blocks (their conv windows and states in module attributes, not in
+    the cache), then local attention over a window of ``window`` keys.  Weights drawn wider
+    than the default init, whose tiny model emits one token over and over."""
     model = T.RecurrentGemmaForCausalLM(T.RecurrentGemmaConfig(
         **SMALL, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, lru_width=64,
-        attention_window_size=16, conv1d_width=4, block_types=["recurrent", "recurrent", "attention"])).eval()
-    with pytest.raises(NotImplementedError, match="cache layer 2 is DynamicSlidingWindowLayer"):
-        sw.compile_causal_lm(model)
+        attention_window_size=window, conv1d_width=4, block_types=["recurrent", "recurrent", "attention"])).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+def test_recurrent_gemma_generates():
+    """RecurrentGemma: the states it keeps on its modules are carried (and updated in place),
+    its local attention lives in the paged cache with the window masked by our kernels, the
+    prompt's RG-LRU recurrences are scans; tokens equal transformers' for prompts shorter than
+    the conv window, longer than the attention window (16) and past it by decoding, batch 1
+    and 2.  The model's own attributes are left as they were (transformers' generate after
+    ours starts from them)."""
+    torch.manual_seed(0)
+    model = _recurrent_gemma()
+    lm = sw.compile_causal_lm(model)
+    assert [s.kind for s in lm.layout.slots] == ["module"] * 4, lm.layout.slots
+    assert lm.layout.paged.layers == (2,) and lm.layout.paged.window == 16
+    block = model.model.layers[0].temporal_block
+    for batch, length in ((1, 2), (1, 40), (2, 7)):
+        ids = _prompt(batch, length, length)
+        held = block.conv1d_state                  # (None, then what transformers' run left)
+        got = lm.generate(ids, max_new_tokens=24)
+        assert block.conv1d_state is held
+        assert torch.equal(got, _expected(model, ids, 24)), (batch, length)
+        assert len(set(got[0, length:].tolist())) > 3            # not one token over and over
+    assert lm.module()["prefill"].script(show_meta=False).count("scanweaver.affine_scan") == 2
+    logits, states = lm.prefill(_prompt(1, 9, 1))
+    before = [s.numpy() for s in states[1:]]
+    _, after = lm.decode(logits.numpy().argmax(-1), states)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(states[1:], after[1:]))   # in place
+    assert not any(np.array_equal(a, b.numpy()) for a, b in zip(before, after[1:]))
+
+
+def test_sliding_window_needs_the_paged_cache():
+    """Sliding-window attention is carried in the paged cache only: asked for tensors, the
+    error names the layers."""
+    torch.manual_seed(0)
+    with pytest.raises(NotImplementedError, match=r"cache layers \[2\] hold sliding-window attention.*tensors"):
+        sw.compile_causal_lm(_recurrent_gemma(), attention_cache="tensors")

@@ -69,3 +69,18 @@ def test_unsafe_updates_stay_fresh_tensors(case):
     want = {"reversed": lambda x, h: (x + h[:, ::-1], h[:, ::-1]),
             "read_after": lambda x, h: ((h + x).sum(1, keepdims=True) * h, h + x)}[case]
     assert not _run(_step(body), want)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_update_written_in_another_shape(flip):
+    """The kernel writes h' as (4, 1, 8), returned reshaped to h's (4, 8) (RecurrentGemma's
+    ``states[:, -1]``): in place through a reshaped view of h when it reads each element where
+    it writes it (the offsets compared in row-major order); reversed, a fresh tensor."""
+    def body(emit, x, h):
+        src = relax.op.flip(h, axis=1) if flip else h
+        wide = emit(relax.op.add(relax.op.multiply(relax.op.expand_dims(x, 1), relax.op.expand_dims(src, 1)),
+                                 relax.const(1.0)))
+        new = emit(relax.op.reshape(wide, SHAPE))
+        return emit(relax.op.multiply(new, relax.const(2.0))), new
+    src = (lambda h: h[:, ::-1]) if flip else (lambda h: h)
+    assert _run(_step(body), lambda x, h: ((x * src(h) + 1) * 2, x * src(h) + 1)) != flip
