@@ -81,6 +81,6 @@ def test_update_written_in_another_shape(flip):
         wide = emit(relax.op.add(relax.op.multiply(relax.op.expand_dims(x, 1), relax.op.expand_dims(src, 1)),
                                  relax.const(1.0)))
         new = emit(relax.op.reshape(wide, SHAPE))
-        return emit(relax.op.multiply(new, relax.const(2.0))), new
+        return emit(relax.op.multiply(wide, relax.const(2.0))), new      # (y reads the wide one)
     src = (lambda h: h[:, ::-1]) if flip else (lambda h: h)
-    assert _run(_step(body), lambda x, h: ((x * src(h) + 1) * 2, x * src(h) + 1)) != flip
+    assert _run(_step(body), lambda x, h: ((x * src(h) + 1)[:, None] * 2, x * src(h) + 1)) != flip
