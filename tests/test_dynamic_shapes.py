@@ -294,3 +294,59 @@ def test_positions_that_follow_the_length_become_arange():
 def test_values_that_follow_the_length_but_are_no_positions_are_a_clear_error():
     with pytest.raises(GeneralizeError, match=r"tensor constant whose values follow the dims \(shape \(2,\)"):
         sw.from_torch(_Scaled(), (torch.randn(3, 5, 2),), dynamic_shapes=({1: Dim("L")},))
+
+
+class _PadToWindow(torch.nn.Module):
+    """``F.pad(x, (w - L, 0))``, the conv-window idiom (RecurrentGemma's cache after a
+    prompt): the last w positions at L >= w."""
+    def forward(self, x):
+        return torch.nn.functional.pad(x, (3 - x.shape[-1], 0)) * 2.0
+
+
+class _Crops(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.pad(x, (1, -2, -1, 2), value=0.5), torch.nn.functional.pad(x, (-2, -3))
+
+
+def test_negative_pad_is_a_slice_that_generalizes():
+    """Traced at L = 4, 6, 8 (pad amounts -1, -3, -5), one executable keeps the last three
+    positions at every L >= 3, as PyTorch crops; crops at both ends of fixed sizes, padded
+    where positive, as PyTorch."""
+    model = _PadToWindow()
+    mod = sw.from_torch(model, (torch.randn(2, 5, 8),), dynamic_shapes={"x": {2: Dim("L", min=3)}},
+                        trace_sizes={"L": [4, 6, 8]})
+    vm = executable(mod)
+    for length in (3, 4, 9, 1000):
+        args = (torch.randn(2, 5, length),)
+        assert_outputs_match(run(vm, args), expected(model, args), rtol=1e-6)
+    args = (torch.randn(2, 5, 9),)
+    assert_outputs_match(run(executable(sw.from_torch(_Crops(), args)), args), expected(_Crops(), args), rtol=1e-6)
+
+
+class _ConvThenLoop(torch.nn.Module):
+    """A recurrence over a convolution's output, its states written into a buffer made from
+    that output (``torch.zeros_like``: RG-LRU's ``contextualized_states``)."""
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 8, 4, groups=8, padding=3)
+
+    def forward(self, x):
+        u = self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+        a = torch.sigmoid(u)
+        out, h = torch.zeros_like(u), torch.zeros_like(u[:, 0])
+        for t in range(u.shape[1]):
+            h = a[:, t] * h + u[:, t]
+            out[:, t] = h
+        return out
+
+
+def test_states_written_into_a_buffer_made_upstream():
+    """The in-place writes are the scan's stacked states whatever made the buffer (here a
+    convolution, which the pass's evaluator does not run): fused, generalized over L."""
+    model = _ConvThenLoop().eval()
+    mod = sw.from_torch(model, (torch.randn(1, 6, 8),), dynamic_shapes={"x": {1: Dim("L", min=2)}})
+    assert scans(mod) == 1
+    vm = executable(mod)
+    for length in (2, 7, 100):
+        args = (torch.randn(1, length, 8),)
+        assert_outputs_match(run(vm, args), expected(model, args), rtol=1e-4)
