@@ -83,9 +83,9 @@ class StateLayout:
         """Whether any state gains a position a token (an attention layer's cache)."""
         return any(s.grows for s in self.slots)
 
-    def flatten(self, cache, model):
+    def flatten(self, cache, model=None):
         """The state tensors after a step, in this layout's order: the cache's, then the
-        model's attributes."""
+        model's attributes (``model`` is needed only where the layout has some)."""
         out = []
         for s in self.slots:
             if s.kind == "module":
@@ -211,7 +211,7 @@ class TensorTreeLayout:
             raise ValueError(f"the model's {type(cache).__name__} holds no tensor after a prefill: nothing to carry")
         return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t)) for i, t in enumerate(leaves)])
 
-    def flatten(self, cache, model):
+    def flatten(self, cache, model=None):
         return _leaves(cache)
 
     def empty(self, model):
