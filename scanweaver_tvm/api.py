@@ -151,7 +151,7 @@ def _target(target):
     return tir_schedules.resolve_target(target)
 
 
-def _default_pipeline(target):
+def _default_pipeline(target, database=None):
     """TVM's pipeline for ``target``; on LLVM targets with the dense layers scheduled
     (``tir_schedules.dense_cpu``: TVM's CPU pipeline leaves matmuls as naive loops), on CUDA
     with DLight's rules kept from symbolic-size scratch memory (``tir_schedules.gpu_rules``)."""
@@ -160,7 +160,7 @@ def _default_pipeline(target):
     if "gpu" in target.keys:
         return relax.get_default_pipeline(target)
     if target.kind.name == "llvm":
-        return dense_cpu.cpu_pipeline(target, after_lowering=[InPlaceStates])
+        return dense_cpu.cpu_pipeline(target, after_lowering=[InPlaceStates], database=database)
     return relax.get_pipeline("default")
 
 
@@ -177,12 +177,13 @@ def pipeline(target, realization="tir", database=None):
 def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001 (mirrors tvm.compile)
     """Fuse recurrences, lower each scan with ``realization`` for ``target``, then TVM's default
     pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
-    ``database``: MetaSchedule records from ``tune``; scans without a record use the defaults."""
+    ``database``: MetaSchedule records from ``tune``: every scan and (on a CPU) every fused
+    kernel with a record uses its best; the rest are scheduled as without."""
     target = _target(target)
     passes = [pipeline(target, realization, database)]
     if target.kind.name == "llvm":
         passes.append(_legalize_and_fold_at_once(target))
-    seq = tvm.transform.Sequential(passes + [_default_pipeline(target)])
+    seq = tvm.transform.Sequential(passes + [_default_pipeline(target, database)])
     return tvm.compile(mod, target=target, relax_pipeline=seq)
 
 

@@ -1,10 +1,15 @@
-"""``sw.tune``: MetaSchedule search over the scan realizations of a model (or one spec).
+"""``sw.tune``: MetaSchedule search over every kernel of a model (or one scan spec).
 
 Each scan that ``FuseAffineRecurrences`` finds becomes one MetaSchedule task
 (``tir_schedules.search``): its knobs are sampled decisions, candidates are realized, built
-and timed on the target, and the records go to a ``JSONDatabase`` in ``work_dir``.
-``sw.compile(mod, target, database=db)`` then lowers every tuned scan with its best record.
+and timed on the target.  On a CPU the model's other kernels (dense layers, convolutions,
+norms, elementwise groups: the fused PrimFuncs that ``sw.compile``'s pipeline schedules with
+its rules) are MetaSchedule tasks too (``model_tasks``), tuned together by its gradient task
+scheduler, which shares the trials among them by their weight (calls x cost).  Records go to
+one ``JSONDatabase`` in ``work_dir``; ``sw.compile(mod, target, database=db)`` then lowers
+every tuned scan and kernel with its best record, and keeps the rules where there is none.
 """
+import os
 from pathlib import Path
 
 import tvm
@@ -57,25 +62,65 @@ def world_cost_model(path=None):
     return model
 
 
+def model_tasks(mod, target="llvm"):
+    """The MetaSchedule tasks (``ExtractedTask``) of a model's kernels other than its scans,
+    on a CPU target: its fused PrimFuncs as ``sw.compile``'s pipeline has them just before it
+    schedules them (``dense_cpu.tunable_passes``), each weighted by its calls.  Kernels
+    already scheduled (the scans, realized by ``LowerScans``) and kernels over symbolic
+    shapes (MetaSchedule times a kernel at one size) are left out: the rules schedule them."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tir_schedules import dense_cpu
+
+    from .api import _legalize_and_fold_at_once, pipeline
+
+    target = tir_schedules.resolve_target(target)
+    if target.kind.name != "llvm":
+        raise NotImplementedError(f"target {target.kind.name}: whole-model tuning runs on a CPU target; "
+                                  "tune the scans alone with sw.tune(spec, target)")
+    with target:
+        fused = tvm.transform.Sequential([pipeline(target), _legalize_and_fold_at_once(target)]
+                                         + dense_cpu.tunable_passes(target))(mod)
+    return [t for t in ms.relax_integration.extract_tasks(fused, target) if _tunable(t.dispatched[0]["main"])]
+
+
+def _tunable(func):
+    from tvm.s_tir import meta_schedule as ms
+
+    if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
+        return False
+    try:
+        args = ms.arg_info.ArgInfo.from_prim_func(func)
+    except Exception:                 # pylint: disable=broad-except (a symbolic buffer: not tunable)
+        return False
+    return all(isinstance(d, (int, tvm.tirx.IntImm)) for a in args for d in getattr(a, "shape", ()))
+
+
 def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scanweaver_tuning",
          seed=0, progress=True, world_model=None):
-    """Tune every scan of ``mod_or_spec`` (a Relax ``IRModule`` or a scan spec) on ``target``
-    with ``trials`` measured candidates per scan; returns the MetaSchedule ``JSONDatabase`` in
-    ``work_dir`` (pass it to ``sw.compile(..., database=db)``).
+    """Tune every kernel of ``mod_or_spec`` (a Relax ``IRModule``: its scans, and on a CPU
+    every other kernel, ``model_tasks``; or one scan spec) on ``target`` with ``trials``
+    measured candidates per task (all the model's other kernels share ``trials`` x their
+    number, by MetaSchedule's gradient task scheduler); returns the MetaSchedule
+    ``JSONDatabase`` in ``work_dir`` (pass it to ``sw.compile(..., database=db)``).
 
-    ``cost_model``: ``"xgb"`` (XGBoost on the realized kernels' ``PerStoreFeature``s),
-    ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when given),
-    ``"random"``, or a ``tvm.s_tir.meta_schedule.cost_model.CostModel``.  ``"llvm"`` means this
-    CPU (candidates are timed here); a CUDA target needs a GPU on this machine."""
+    ``cost_model``: ``"xgb"`` (XGBoost on ``PerStoreFeature``s; of the realized kernel for a
+    scan), ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when
+    given), ``"random"``, or a ``tvm.s_tir.meta_schedule.cost_model.CostModel``.  ``"llvm"``
+    means this CPU (candidates are timed here); a CUDA target needs a GPU on this machine."""
     if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec, MatrixScanSpec, StabilizedScanSpec)):
-        specs = [mod_or_spec]
+        specs, tasks = [mod_or_spec], []
     elif isinstance(mod_or_spec, tvm.IRModule):
         specs = scan_specs(mod_or_spec)
-        if not specs:
-            raise ValueError("mod: FuseAffineRecurrences finds no scan in this module; nothing to tune")
+        is_cpu = tir_schedules.resolve_target(target).kind.name == "llvm"
+        tasks = model_tasks(mod_or_spec, target) if is_cpu else []
+        if not specs and not tasks:
+            raise ValueError("mod: no scan and no kernel with static shapes to tune in this module")
     else:
         raise TypeError("mod_or_spec: expected a Relax IRModule or a scan spec, "
                         f"got {type(mod_or_spec).__name__}")
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials: {trials!r} must be a positive int")
     for spec in specs:
         if spec.is_symbolic:
             raise ValueError(f"spec: {spec} has symbolic extents; tuning times kernels, give concrete "
@@ -83,11 +128,50 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     if isinstance(cost_model, str) and cost_model not in COST_MODELS:
         raise ValueError(f"cost_model: {cost_model!r} is not one of {COST_MODELS} or a CostModel")
     target = tir_schedules.resolve_target(target)
-    # one cost model for all scans, as MetaSchedule shares one across a model's tasks
+    # one cost model for all tasks, as MetaSchedule shares one across a model's tasks
     model = world_cost_model(world_model) if cost_model == "world" else search.make_cost_model(cost_model)
     builder, runner = search.scan_builder(), search.scan_runner(target)
-    database = None
     for spec in specs:
-        database = search.tune_task(spec, target, model, trials=trials, seed=seed, work_dir=work_dir,
-                                    progress=progress, builder=builder, runner=runner)
-    return database
+        search.tune_task(spec, target, model, trials=trials, seed=seed, work_dir=work_dir,
+                         progress=progress, builder=builder, runner=runner)
+    if tasks:
+        _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner)
+    return _database(work_dir)
+
+
+def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner):
+    """MetaSchedule's own loop over ``tasks``: its CPU design space and evolutionary search
+    (the population kept small: this machine has two cores), its gradient task scheduler."""
+    from tvm.s_tir import meta_schedule as ms
+
+    search.load_tensor_intrin()
+    if "num-cores" not in target.attrs:              # (MetaSchedule's CPU space needs it)
+        target = tvm.target.Target({**target.export(), "num-cores": _physical_cores()})
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=128, init_measured_ratio=0.2, init_min_unmeasured=32, genetic_num_iters=3,
+        genetic_mutate_prob=0.85, max_fail_count=8)
+    contexts = [ms.TuneContext(mod=t.dispatched[0], target=target, space_generator="post-order-apply",
+                               search_strategy=strategy.clone(), task_name=t.task_name, rand_state=seed + 1,
+                               num_threads=1)
+                for t in tasks]
+    ms.tune_tasks(tasks=contexts, task_weights=[float(t.weight) for t in tasks], work_dir=str(work_dir),
+                  max_trials_global=trials * len(tasks), max_trials_per_task=trials,
+                  num_trials_per_iter=min(trials, 16), builder=builder, runner=runner,
+                  database=_database(work_dir), cost_model=model, task_scheduler="gradient")
+
+
+def _physical_cores():
+    """This machine's cores (hyper-threads counted once where Linux says which are siblings)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cores = {line for line in info if line.startswith("core id")}
+        return max(len(cores), 1)
+    except OSError:
+        return os.cpu_count() or 1
+
+
+def _database(work_dir):
+    from tvm.s_tir import meta_schedule as ms
+
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(work_dir=str(work_dir))

@@ -280,3 +280,52 @@ def test_pretrained_weights_ship_inside_the_package():
     assert world_model.PRETRAINED.parent == Path(world_model.__file__).resolve().parent
     config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert "*.pt" in config["tool"]["setuptools"]["package-data"]["tir_schedules.world_model"]
+
+
+class _Layer(__import__("torch").nn.Module):
+    """Dense layers, an EMA over time (a scan), a layer norm: a model's kinds of kernels."""
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        import torch
+
+        u = torch.relu(self.up(x))
+        h, hs = torch.zeros_like(u[:, 0]), []
+        for t in range(u.shape[1]):
+            h = 0.9 * h + u[:, t]
+            hs.append(h)
+        return torch.nn.functional.layer_norm(self.down(torch.stack(hs, 1)), (32,))
+
+
+@pytest.mark.parametrize("cost_model", ["xgb", "world"])
+def test_whole_model_tuning_feeds_compile(cost_model, tmp_path):
+    """``sw.tune`` on a model: its scan and every other kernel (dense layers, the norm) are
+    tuned into one database; ``sw.compile`` gives each tuned kernel its best record's schedule
+    (the same function as MetaSchedule's own query) and the model computes what PyTorch does."""
+    import torch
+
+    from scanweaver_tvm.tuning import model_tasks
+    from tir_schedules import dense_cpu
+
+    model, x = _Layer().eval(), torch.randn(2, 16, 32)
+    mod = sw.from_torch(model, (x,))
+    tasks = model_tasks(mod, "llvm")
+    names = sorted(t.task_name for t in tasks)
+    assert any("matmul" in n for n in names) and any("layer_norm" in n for n in names), names
+    db = sw.tune(mod, "llvm", trials=3, cost_model=cost_model, work_dir=tmp_path, seed=1, progress=False)
+    target = tir_schedules.resolve_target("llvm")
+    assert all(db.has_workload(t.dispatched[0]) for t in tasks)
+    assert len(db.get_all_tuning_records()) <= 3 * (len(tasks) + 1)     # the scan's 3 and the tasks' share
+    with target:
+        applied = dense_cpu.apply_database(db)(tvm.IRModule({t.task_name: t.dispatched[0]["main"] for t in tasks}))
+    for t in tasks:
+        best = db.query_schedule(t.dispatched[0], target, "main")
+        assert best is not None and "tirx.is_scheduled" in applied[t.task_name].attrs
+        tvm.ir.assert_structural_equal(applied[t.task_name].body, best.mod["main"].body, map_free_vars=True)
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm", database=db), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))[0].numpy()
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)

@@ -275,21 +275,42 @@ def _packs(func):
     return "layout_free_buffers" in attrs and "tirx.is_scheduled" in attrs and PREPROC in func.script()
 
 
-def cpu_pipeline(target, after_lowering=()):
+def cpu_pipeline(target, after_lowering=(), database=None):
     """TVM's CPU pipeline (``relax.backend.cpu_generic``) with ``schedule_passes`` after its
     legalization and fusion, and ``after_lowering`` (the caller's passes) after its dataflow
-    lowering (the kernels called in destination-passing style, before memory planning)."""
+    lowering (the kernels called in destination-passing style, before memory planning).
+    With a MetaSchedule ``database``, each fused PrimFunc with a record takes its best
+    schedule first (``apply_database``); the rules schedule the rest."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.CPUPipeline")
     def _pipeline(mod, _ctx):
         with target:
             return tvm.transform.Sequential(
-                cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + schedule_passes()
-                + cpu.dataflow_lower_passes(target) + list(after_lowering) + cpu.finalize_passes(target)
-                + [_mark_single_pointer_funcs_noalias])(mod)
+                tunable_passes(target) + ([apply_database(database)] if database is not None else [])
+                + schedule_passes() + cpu.dataflow_lower_passes(target) + list(after_lowering)
+                + cpu.finalize_passes(target) + [_mark_single_pointer_funcs_noalias])(mod)
 
     return _pipeline
+
+
+def tunable_passes(target):
+    """The CPU pipeline up to its fused PrimFuncs (library dispatch, legalization, fusion):
+    the functions MetaSchedule tunes, and finds again in its database when compiling."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
+
+    return cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+
+
+def apply_database(database):
+    """TVM's ``MetaScheduleApplyDatabase`` with ``database``: the PrimFuncs it schedules are
+    marked scheduled, so the rules after it leave them as tuned."""
+    @tvm.transform.module_pass(opt_level=0, name="scanweaver.ApplyDatabase")
+    def _apply(mod, _ctx):
+        with database:
+            return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+
+    return _apply
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.MarkSinglePointerFuncsNoAlias")

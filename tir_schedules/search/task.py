@@ -2,7 +2,7 @@
 
 ``scan_task`` gives the pieces (workload, space generator, builder, feature extractor);
 ``tune_task`` runs MetaSchedule's own loop (``ms.tune_tasks``: evolutionary search, the
-given cost model, ``LocalBuilder`` + ``LocalRunner``, a ``JSONDatabase`` in ``work_dir``).
+given cost model, ``InProcessBuilder`` + ``LocalRunner``, a ``JSONDatabase`` in ``work_dir``).
 Before searching it measures the realization's default choice and commits it like any other
 record, so the search starts from the hand-tuned point and its best is never worse than it.
 """
@@ -27,7 +27,7 @@ from .workload import form_of, require_static, workload_module
 
 def scan_task(spec, target, with_builder=True):
     """``(workload, space_generator, builder, feature_extractor)`` for ``spec`` on ``target``:
-    the canonical workload IRModule (the database key), a ``ScanSpace``, a ``LocalBuilder``
+    the canonical workload IRModule (the database key), a ``ScanSpace``, a builder
     that realizes before compiling, and ``RealizedFeatures`` (``PerStoreFeature`` of the
     realized kernel) for learned cost models."""
     target = tvm.target.Target(target)
@@ -154,8 +154,8 @@ def tune_task(spec, target, cost_model="xgb", trials=64, seed=0, work_dir="scanw
     default choice included when ``measure_default``.  ``seed`` (>= 0) fixes the search's
     random state (MetaSchedule reserves 0, so it gets ``seed + 1``).  ``extractor`` overrides
     the features the built-in XGBoost model sees; ``builder``/``runner`` replace
-    ``scan_builder()``/``scan_runner(target)`` (reuse them across calls: each starts worker
-    processes).  Records are keyed by the spec's canonical
+    ``scan_builder()``/``scan_runner(target)`` (reuse the runner across calls: it starts a
+    worker process).  Records are keyed by the spec's canonical
     workload, so ``tir_schedules.search.best_choice(db, spec, target)`` finds the best one."""
     if not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials: {trials!r} must be a positive int")
