@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .state_layout import StateLayout, TensorTreeLayout, attributes_restored, held_states
+from .state_layout import StateLayout, TensorTreeLayout, attributes_restored, held_states, tensor_attributes
 
 
 @dataclass
@@ -90,12 +90,10 @@ def _layout(model, attention_cache="paged"):
     from transformers import DynamicCache
     from transformers.cache_utils import Cache
 
-    from .state_layout import _tensor_attributes
-
     if attention_cache not in ("paged", "tensors"):
         raise ValueError(f"attention_cache: 'paged' or 'tensors', got {attention_cache!r}")
     first = DynamicCache(config=model.config) if _cache_kwarg(model) in ("cache", "past_key_values") else None
-    before = _tensor_attributes(model)
+    before = tensor_attributes(model)
     with torch.no_grad(), torch_kernels(), attributes_restored(model):
         _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
         held = held_states(model, before)

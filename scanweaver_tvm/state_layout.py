@@ -155,7 +155,7 @@ def _attribute(model, name):
     return vars(model.get_submodule(module))[attr]
 
 
-def _tensor_attributes(model):
+def tensor_attributes(model):
     """The plain tensor attributes of the model's modules (not parameters or buffers), by
     "module path:attribute"."""
     import torch
@@ -166,9 +166,9 @@ def _tensor_attributes(model):
 
 def held_states(model, before):
     """The states a model keeps in its modules' attributes: the tensor attributes set during
-    a run with a cache (new or replaced since ``before``, ``_tensor_attributes`` taken
+    a run with a cache (new or replaced since ``before``, ``tensor_attributes`` taken
     before it)."""
-    return {name: t for name, t in _tensor_attributes(model).items() if before.get(name) is not t}
+    return {name: t for name, t in tensor_attributes(model).items() if before.get(name) is not t}
 
 
 @contextlib.contextmanager
