@@ -114,9 +114,7 @@ def _one(mod, func, out_index, param_index):
     if len(out) != 1 or (reads and (len(reads) != 1 or not args[reads[0]].same_as(param) or
                                     not _pointwise(kernel, kernel.params[reads[0]], kernel.params[out[0]]))):
         return func, False
-    if tvm_ffi.structural_equal(target.ty, param.ty):
-        return _Swap(target, param).visit_expr(func), True
-    return _Swap(target, param, view=True).visit_expr(func), True
+    return _Swap(target, param, view=not tvm_ffi.structural_equal(target.ty, param.ty)).visit_expr(func), True
 
 
 def _same_elements(a, b):
@@ -159,13 +157,13 @@ def _pointwise(kernel, state, out):
     if writer.init is not None or any(int(iv.iter_type) != 0 for iv in writer.iter_vars):   # 0: data parallel
         return False
     written = [w for w in writer.writes if w.source.same_as(out)][0].region
-    analyzer = tvm.sym.Analyzer()
+    analyzer, written_at = tvm.sym.Analyzer(), _flat(written, out.shape)
 
     def at_written(read):
         if tvm_ffi.structural_equal(read.region, written):
             return True
-        a, b = _flat(read.region, read.source.shape), _flat(written, out.shape)
-        return a is not None and b is not None and analyzer.can_prove_equal(a, b)
+        at = _flat(read.region, read.source.shape)
+        return at is not None and written_at is not None and analyzer.can_prove_equal(at, written_at)
 
     return all(b.same_as(writer) and at_written(r) for b in blocks for r in b.reads if r.source.same_as(state))
 

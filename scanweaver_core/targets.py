@@ -9,6 +9,15 @@ def host_target():
     return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 
 
+def physical_cores():
+    """This machine's physical cores (psutil's count; the logical ones where it has none)."""
+    import os
+
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 def resolve_target(target):
     """A ``tvm.target.Target``; a bare ``"llvm"`` becomes the host CPU's target."""
     if isinstance(target, str) and target == "llvm":

@@ -23,10 +23,9 @@ def _use_every_core():
     be set before TVM runs its first parallel kernel."""
     import os
 
-    import psutil
+    from scanweaver_core.targets import physical_cores
 
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    os.environ.setdefault("TVM_NUM_THREADS", str(cores))
+    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
 
 
 _use_every_core()

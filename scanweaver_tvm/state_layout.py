@@ -37,7 +37,6 @@ class StateLayout:
         self.slots = tuple(slots)
         self.paged = paged            # a PagedSpec: attention layers in TVM's paged KV cache instead
         self.not_paged = None         # why attention caches stay tensors, where they do
-
         self.windowed = ()            # attention layers with a sliding window (carried only paged)
 
     def with_paged(self, spec):
@@ -89,7 +88,8 @@ class StateLayout:
         out = []
         for s in self.slots:
             if s.kind == "module":
-                out.append(_attribute(model, s.name))
+                attrs, key = _attribute(model, s.name)
+                out.append(attrs[key])
                 continue
             layer = cache.layers[s.layer]
             if s.grows:
@@ -117,8 +117,8 @@ class StateLayout:
         self.load(cache, tensors)
         for s, t in zip(self.slots, tensors):
             if s.kind == "module":
-                module, attr = s.name.split(":")
-                vars(model.get_submodule(module))[attr] = t
+                attrs, key = _attribute(model, s.name)
+                attrs[key] = t
         return cache
 
     def load(self, cache, tensors):
@@ -151,8 +151,9 @@ def _dtype(tensor):
 
 
 def _attribute(model, name):
-    module, attr = name.split(":")
-    return vars(model.get_submodule(module))[attr]
+    """``(the module's attribute dict, the key)`` of a "module path:attribute" name."""
+    module, key = name.split(":")
+    return vars(model.get_submodule(module)), key
 
 
 def tensor_attributes(model):

@@ -9,7 +9,6 @@ scheduler, which shares the trials among them by their weight (calls x cost).  R
 one ``JSONDatabase`` in ``work_dir``; ``sw.compile(mod, target, database=db)`` then lowers
 every tuned scan and kernel with its best record, and keeps the rules where there is none.
 """
-import os
 from pathlib import Path
 
 import tvm
@@ -19,6 +18,7 @@ import tir_schedules
 from tir_schedules import search
 
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
+from scanweaver_core.targets import physical_cores
 
 COST_MODELS = ("xgb", "world", "random")
 
@@ -108,12 +108,12 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     scan), ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when
     given), ``"random"``, or a ``tvm.s_tir.meta_schedule.cost_model.CostModel``.  ``"llvm"``
     means this CPU (candidates are timed here); a CUDA target needs a GPU on this machine."""
+    target = tir_schedules.resolve_target(target)
     if isinstance(mod_or_spec, (AffineScanSpec, SelectiveScanSpec, MatrixScanSpec, StabilizedScanSpec)):
         specs, tasks = [mod_or_spec], []
     elif isinstance(mod_or_spec, tvm.IRModule):
         specs = scan_specs(mod_or_spec)
-        is_cpu = tir_schedules.resolve_target(target).kind.name == "llvm"
-        tasks = model_tasks(mod_or_spec, target) if is_cpu else []
+        tasks = model_tasks(mod_or_spec, target) if target.kind.name == "llvm" else []
         if not specs and not tasks:
             raise ValueError("mod: no scan and no kernel with static shapes to tune in this module")
     else:
@@ -127,7 +127,6 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
                              "sizes (tune a fixed-size import; its records serve only those sizes)")
     if isinstance(cost_model, str) and cost_model not in COST_MODELS:
         raise ValueError(f"cost_model: {cost_model!r} is not one of {COST_MODELS} or a CostModel")
-    target = tir_schedules.resolve_target(target)
     # one cost model for all tasks, as MetaSchedule shares one across a model's tasks
     model = world_cost_model(world_model) if cost_model == "world" else search.make_cost_model(cost_model)
     builder, runner = search.scan_builder(), search.scan_runner(target)
@@ -146,7 +145,7 @@ def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, run
 
     search.load_tensor_intrin()
     if "num-cores" not in target.attrs:              # (MetaSchedule's CPU space needs it)
-        target = tvm.target.Target({**target.export(), "num-cores": _physical_cores()})
+        target = tvm.target.Target({**target.export(), "num-cores": physical_cores()})
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=128, init_measured_ratio=0.2, init_min_unmeasured=32, genetic_num_iters=3,
         genetic_mutate_prob=0.85, max_fail_count=8)
@@ -158,16 +157,6 @@ def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, run
                   max_trials_global=trials * len(tasks), max_trials_per_task=trials,
                   num_trials_per_iter=min(trials, 16), builder=builder, runner=runner,
                   database=_database(work_dir), cost_model=model, task_scheduler="gradient")
-
-
-def _physical_cores():
-    """This machine's cores (hyper-threads counted once where Linux says which are siblings)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cores = {line for line in info if line.startswith("core id")}
-        return max(len(cores), 1)
-    except OSError:
-        return os.cpu_count() or 1
 
 
 def _database(work_dir):
