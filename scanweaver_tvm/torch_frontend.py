@@ -72,14 +72,15 @@ def convert_constant_pad(node, importer):
     several lengths does not generalize.  A negative amount in front becomes the slice that
     keeps the last elements (``x[..., -k:]``, the same at every L: the window idiom), one
     behind keeps the first; positive amounts are padded after, as before."""
+    is_pad = node.target.__name__.startswith("pad")        # aten.pad(x, pad, mode, value)
     args = list(node.args) + [None] * 4
-    mode = args[2] if node.target.__name__.startswith("pad") else "constant"
+    mode = (args[2] or node.kwargs.get("mode", "constant")) if is_pad else "constant"
+    value = args[3 if is_pad else 2]
+    value = node.kwargs.get("value") if value is None else value
     amounts = list(args[1])
-    if (mode or "constant") != "constant" or min(amounts) >= 0:
-        return importer._pad(node) if node.target.__name__.startswith("pad") \
-            else importer._constant_pad_nd(node)  # pylint: disable=protected-access
+    if mode != "constant" or min(amounts) >= 0:
+        return importer._pad(node) if is_pad else importer._constant_pad_nd(node)  # pylint: disable=protected-access
     x = importer.env[node.args[0]]
-    value = args[3] if node.target.__name__.startswith("pad") else args[2]
     emit, shape = importer.block_builder.emit, tensor_shape(x)
     widths = [0] * (2 * len(shape))
     for i in range(0, len(amounts), 2):          # (last axis first, (front, back)) pairs
