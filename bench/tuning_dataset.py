@@ -1,16 +1,29 @@
-"""Build the world model's tuning dataset on this CPU: ``python -m bench.tuning_dataset``.
+"""The world model's tuning dataset, measured on this CPU: ``python -m bench.tuning_dataset``.
 
-Each task is tuned with MetaSchedule (random sampling of its design space, ``ReplayTrace``,
-so records spread over the space) and every measured trial is stored: the task (family and
-shape, enough to rebuild its initial program), the trace (the action sequence with its
-decisions) and the run times.  Standard workloads use the in-process builder/runner
-(``tir_schedules.world_model.measure``: ``time_evaluator`` with ``number=3, repeat=3,
-min_repeat_ms=10``, one thread); scan tasks go through ``tir_schedules.search.tune_task``
-(its own LocalBuilder/LocalRunner).  The machine is shared: latencies are noisy.
+Resumable, in two steps:
 
-Writes ``bench/data/tuning_dataset.json.gz`` (a few hundred KB).
+1. ``--init``: write one file per task under ``bench/data/tuning/`` (``<task id>.json.gz``):
+   the task (family and parameters, or a model kernel's TVMScript), its split, no records.
+   Tasks are LLM-shaped kernels (matmuls with M in {1, 64, 512}, depthwise conv1d, RMSNorm,
+   LayerNorm, softmax), ScanWeaver scan specs, and the kernels ``sw.tune`` extracts from whole
+   models (``scanweaver_tvm.tuning.model_tasks``: HF Mamba and Mamba-2 at the real width,
+   Qwen3-Next's Gated DeltaNet layers), deduplicated structurally.  Left out: kernels over
+   ~0.5 GFLOP (the vocabulary projections: a slow candidate would cost seconds) and kernels
+   that only move data (reshapes, transposes, splits).
+2. Measure, round after round, until ``--per-task`` records or ``--minutes`` are reached: the
+   task with the fewest records gets a round of ``--round`` trials, alternately sampled
+   uniformly from MetaSchedule's design space (``ReplayTrace``: spread over the space) and
+   found by its evolutionary search with XGBoost (near the good schedules a search visits).
+   Each round is saved when it ends.  ``--worker i/n`` splits the tasks between processes.
+
+A record is ``{"trace": trace JSON, "secs": [run seconds], "round": r}`` (``secs`` null when
+the candidate failed to build or run).  Timing: ``time_evaluator`` in the tuning process, one
+thread (``world_model.measure``); scan tasks: ``sw.tune``'s ``LocalRunner``.  The machine is
+shared and the timings are noisy: rank within a task, never across tasks.
 """
 import argparse
+import glob
+import hashlib
 import os
 import sys
 import tempfile
@@ -18,69 +31,178 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-# (family, params, split): "train" tasks train the model; "heldout" ones are only evaluated
-TASKS = [
-    ("matmul", [64, 64, 64], "train"), ("matmul", [128, 64, 128], "train"),
-    ("matmul", [32, 128, 64], "train"), ("matmul", [96, 96, 96], "heldout"),
-    ("conv2d", [1, 14, 14, 16, 16, 3, 1, 1], "train"), ("conv2d", [1, 8, 8, 32, 32, 3, 1, 1], "train"),
-    ("conv2d", [1, 12, 12, 24, 24, 3, 1, 1], "heldout"),
-    ("softmax", [64, 256], "train"), ("softmax", [128, 128], "train"), ("softmax", [96, 192], "heldout"),
-    ("layernorm", [32, 256], "train"), ("layernorm", [64, 128], "train"), ("layernorm", [48, 192], "heldout"),
-]
-SCAN_TASKS = [
-    ("scan_affine", {"shape": [64, 1024]}, "train"), ("scan_affine", {"shape": [256, 512]}, "train"),
-    ("scan_affine", {"shape": [128, 2048]}, "heldout"),
-]
+DATA_DIR = "bench/data/tuning"
+MAX_FLOPS = 5e8
+
+_LLM = [(1, 1536, 768), (1, 3072, 768), (1, 768, 1536), (1, 2048, 512), (1, 512, 2048),
+        (64, 768, 768), (64, 256, 1536), (64, 1536, 256), (64, 2048, 512),
+        (512, 256, 512), (512, 512, 256), (512, 768, 128)]
+# (family, params, split): "train" tasks train the world model; "heldout" ones only evaluate it
+FAMILY_TASKS = (
+    [("matmul", list(p), "train") for p in _LLM]
+    + [("matmul", [1, 2816, 1024], "heldout"), ("matmul", [64, 1024, 1024], "heldout"),
+       ("matmul", [512, 384, 384], "heldout")]
+    + [("conv1d_dw", [1, 1536, 64, 4], "train"), ("conv1d_dw", [1, 768, 256, 4], "train"),
+       ("conv1d_dw", [2, 512, 128, 4], "train"), ("conv1d_dw", [1, 2048, 128, 4], "heldout")]
+    + [("rmsnorm", [64, 768], "train"), ("rmsnorm", [256, 1024], "train"), ("rmsnorm", [1, 2048], "train"),
+       ("rmsnorm", [32, 2560], "heldout")]
+    + [("layernorm", [64, 768], "train"), ("layernorm", [128, 512], "train"),
+       ("layernorm", [96, 384], "heldout")]
+    + [("softmax", [64, 256], "train"), ("softmax", [128, 1024], "train"), ("softmax", [16, 2048], "train"),
+       ("softmax", [256, 512], "heldout")]
+    + [("scan_affine", {"shape": [64, 1024]}, "train"), ("scan_affine", {"shape": [256, 512]}, "train"),
+       ("scan_affine", {"shape": [128, 2048]}, "heldout")])
+# (bench model, sequence length, split) whose kernels become tasks
+MODEL_TASKS = [("hf_mamba", 64, "train"), ("hf_mamba2", 64, "train"), ("qwen3_next_layers", 64, "heldout")]
 
 
-def _scan_records(family, params, target, trials, seed):
-    from tir_schedules.search import tune_task
+def _model(name, length):
+    import torch
+    if name == "qwen3_next_layers":
+        from bench.delta_layers import Layers
+        return Layers().module, [torch.randn(1, length, 1024)]
+    from bench import models
+    model, inputs = getattr(models, name)(length, layers=1)
+    return model, inputs
+
+
+def model_kernels(name, length):
+    """``[(kernel name, PrimFunc), ...]`` of a bench model's ``sw.tune`` tasks under ``MAX_FLOPS``."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    import scanweaver_tvm as sw
+    from scanweaver_tvm.tuning import model_tasks
+    model, inputs = _model(name, length)
+    out = []
+    for task in model_tasks(sw.from_torch(model, inputs), "llvm"):
+        func = task.dispatched[0]["main"]
+        if estimate_tir_flops(task.dispatched[0]) <= MAX_FLOPS and not _only_moves_data(func):
+            out.append((task.task_name, func))
+    return out
+
+
+def _only_moves_data(func):
+    """True for a reshape / transpose / split / broadcast kernel: every block stores a load of
+    another buffer, with no reduction.  Whole models have many; a few such tasks come with the
+    hand-made families' neighbours, and measuring them all would crowd out the kernels that
+    compute."""
+    from tvm import tirx
+
+    from tir_schedules.world_model.state_encoder import blocks_with_loops
+    for block, _ in blocks_with_loops(func):
+        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
+            return False
+        if not (isinstance(block.body, tirx.BufferStore) and type(block.body.value).__name__ in ("BufferLoad", "TensorLoad")):
+            return False
+    return True
+
+
+def task_id(name):
+    """A file name for a task: readable prefix and a hash of its full name."""
+    stem = "".join(c if c.isalnum() else "_" for c in name)[:60]
+    return f"{stem}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+
+
+def init(data_dir):
+    """One record-less file per task (kept when it exists: its records are the measured work)."""
+    import tvm_ffi
+    from tir_schedules.world_model import dataset, workloads
+    entries, seen = [], set()
+    for family, params, split in FAMILY_TASKS:
+        entries.append({"name": workloads.task_name(family, params), "family": family, "params": params,
+                        "split": split})
+        seen.add(tvm_ffi.structural_hash(workloads.build(family, params)))
+    for model, length, split in MODEL_TASKS:
+        for kernel, func in model_kernels(model, length):
+            key = tvm_ffi.structural_hash(func)
+            if key in seen:
+                continue
+            seen.add(key)
+            entries.append({"name": f"model:{model}@{length}:{kernel}", "family": workloads.MODEL,
+                            "params": {"model": model, "length": length, "kernel": kernel},
+                            "split": split, "script": func.script()})
+    os.makedirs(data_dir, exist_ok=True)
+    for entry in entries:
+        path = os.path.join(data_dir, task_id(entry["name"]) + ".json.gz")
+        if not os.path.exists(path):
+            dataset.save(path, {"version": dataset.VERSION, **entry, "records": []})
+        print(f"[dataset] {entry['split']:8s} {entry['name'][:100]}", file=sys.stderr)
+    print(f"[dataset] {len(entries)} tasks in {data_dir}", file=sys.stderr)
+
+
+def measure_round(task, target, trials, seed, evolutionary):
+    """One round's records of a task: ``trials`` candidates, sampled or searched."""
+    from tvm.s_tir import meta_schedule as ms
+
     from tir_schedules.world_model import workloads
     from tir_schedules.world_model.trace_json import plain
-    with tempfile.TemporaryDirectory(prefix="wm_scan_") as wd:
-        db = tune_task(workloads.spec_of(family, params), target, cost_model="random", trials=trials,
-                       seed=seed, work_dir=wd, progress=False)
-        return [{"trace": plain(r.trace.as_json()), "secs": [float(s) for s in r.run_secs]}
-                for r in db.get_all_tuning_records()]
+    from tir_schedules.world_model.tuning import tune
+    if task["family"] in workloads.SCAN:
+        from tir_schedules.search import tune_task
+        with tempfile.TemporaryDirectory(prefix="wm_scan_") as wd:
+            db = tune_task(workloads.spec_of(task["family"], task["params"]), target,
+                           cost_model="xgb" if evolutionary else "random", trials=trials, seed=seed,
+                           work_dir=wd, progress=False)
+            return [{"trace": plain(r.trace.as_json()), "secs": [float(s) for s in r.run_secs]}
+                    for r in db.get_all_tuning_records()]
+    model = ms.cost_model.XGBModel(num_warmup_samples=0, num_tuning_cores=1) if evolutionary else "random"
+    return tune(workloads.task_module(task), target, search="evolutionary" if evolutionary else "random",
+                cost_model=model, trials=trials, seed=seed)
+
+
+def _rounded(records, r):
+    for rec in records:
+        rec["round"] = r
+        if rec["secs"]:
+            rec["secs"] = [float(f"{s:.4g}") for s in rec["secs"]]
+    return records
+
+
+def collect(data_dir, worker, workers, per_task, trials, minutes):
+    from tir_schedules.world_model import dataset
+    from tir_schedules.world_model.tuning import tuning_target
+    target = tuning_target()
+    paths = sorted(glob.glob(os.path.join(data_dir, "*.json.gz")))[worker::workers]
+    deadline = time.time() + 60 * minutes
+    while time.time() < deadline:
+        tasks = [(len(dataset.load(p)["records"]), p) for p in paths]
+        count, path = min(tasks)
+        if count >= per_task:
+            break
+        task = dataset.load(path)
+        r = 1 + max((rec.get("round", 0) for rec in task["records"]), default=0)
+        seed = int(hashlib.sha1(f"{task['name']}/{r}".encode()).hexdigest()[:7], 16)
+        start = time.time()
+        try:
+            records = measure_round(task, target, trials, seed, evolutionary=r % 2 == 0)
+        except Exception as err:  # pylint: disable=broad-except (say so; keep the other tasks going)
+            print(f"[dataset] {task['name'][:80]} round {r}: FAILED {type(err).__name__}: {err}",
+                  file=sys.stderr, flush=True)
+            paths.remove(path)
+            continue
+        task["records"] += _rounded(records, r)
+        dataset.save(path + ".tmp", task)
+        os.replace(path + ".tmp", path)
+        ok = [min(x["secs"]) for x in records if x["secs"]]
+        print(f"[dataset] w{worker} {task['name'][:70]} round {r}: {len(ok)}/{len(records)} measured, "
+              f"best {min(ok, default=float('nan')) * 1e6:.1f} us, {time.time() - start:.0f} s; "
+              f"{len(task['records'])} records", file=sys.stderr, flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=48, help="measured trials per task")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-scan", action="store_true", help="standard workloads only")
-    ap.add_argument("--out", default="bench/data/tuning_dataset.json.gz")
+    ap.add_argument("--dir", default=DATA_DIR)
+    ap.add_argument("--init", action="store_true", help="write the task files (no measurement)")
+    ap.add_argument("--worker", default="0/1", help="i/n: this process measures every n-th task from i")
+    ap.add_argument("--per-task", type=int, default=512, help="records per task to reach")
+    ap.add_argument("--round", type=int, default=64, help="trials per round")
+    ap.add_argument("--minutes", type=float, default=60.0, help="stop starting rounds after this")
     args = ap.parse_args(argv)
-
-    from tir_schedules.world_model import dataset, workloads
-    from tir_schedules.world_model.tuning import tune, tuning_target
-    target = tuning_target()
-    tasks = TASKS + ([] if args.no_scan else SCAN_TASKS)
-    from tir_schedules.world_model.trace_json import plain
-    out = {"version": dataset.VERSION, "target": plain(target.export()), "trials": args.trials,
-           "seed": args.seed, "runner": "time_evaluator number=3 repeat=3 min_repeat_ms=10, 1 thread",
-           "tasks": []}
-    for i, (family, params, split) in enumerate(tasks):
-        start = time.time()
-        try:
-            if family in workloads.SCAN:
-                records = _scan_records(family, params, target, args.trials, args.seed + i)
-            else:
-                records = tune(workloads.module(family, params), target, search="random",
-                               trials=args.trials, seed=args.seed + i)
-        except Exception as err:  # one failing task must not lose the others; say so
-            print(f"[dataset] {family} {params}: FAILED {type(err).__name__}: {err}", file=sys.stderr)
-            continue
-        ok = [r for r in records if r["secs"]]
-        best = min((min(r["secs"]) for r in ok), default=float("nan"))
-        print(f"[dataset] {family} {params} ({split}): {len(ok)}/{len(records)} measured, "
-              f"best {best * 1e6:.1f} us, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-        out["tasks"].append({"name": workloads.task_name(family, params), "family": family,
-                             "params": params, "split": split, "records": records})
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        dataset.save(args.out, out)   # after every task: a late failure keeps the others
-    print(f"[dataset] wrote {args.out} ({os.path.getsize(args.out) // 1024} KB, "
-          f"{sum(len(t['records']) for t in out['tasks'])} records)", file=sys.stderr)
+    if args.init:
+        init(args.dir)
+        return
+    worker, workers = (int(x) for x in args.worker.split("/"))
+    collect(args.dir, worker, workers, args.per_task, args.round, args.minutes)
 
 
 if __name__ == "__main__":

@@ -146,9 +146,7 @@ def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, run
     search.load_tensor_intrin()
     if "num-cores" not in target.attrs:              # (MetaSchedule's CPU space needs it)
         target = tvm.target.Target({**target.export(), "num-cores": physical_cores()})
-    strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=128, init_measured_ratio=0.2, init_min_unmeasured=32, genetic_num_iters=3,
-        genetic_mutate_prob=0.85, max_fail_count=8)
+    strategy = search.evolutionary_search()
     contexts = [ms.TuneContext(mod=t.dispatched[0], target=target, space_generator="post-order-apply",
                                search_strategy=strategy.clone(), task_name=t.task_name, rand_state=seed + 1,
                                num_threads=1)

@@ -17,7 +17,8 @@ A scan spec becomes an ordinary MetaSchedule task:
 - builder (``scan_builder``: ``InProcessBuilder``: ``build_candidate`` in the tuning process) and features
   (``RealizedFeatures``: ``PerStoreFeature`` of the realized kernel, cached per choice);
 - ``tune_task(spec, target, cost_model, trials, seed, work_dir)`` -> ``JSONDatabase``: takes
-  any ``ms.cost_model.CostModel`` (or ``"xgb"`` / ``"random"``);
+  any ``ms.cost_model.CostModel`` (or ``"xgb"`` / ``"random"``); ``evolutionary_search()``: the
+  strategy ``sw.tune`` runs on a model's other kernels;
 - ``best_choice(database, spec, target)``: the fastest recorded choice, or None;
 - ``load_tensor_intrin()``: call before making a ``TuneContext`` yourself (it imports
   ``tvm.s_tir.tensor_intrin``, 100+ s on our machines without this).
@@ -31,11 +32,11 @@ from .mutate import MutateKnob
 from .realize import (Choice, RejectIllegal, best_choice, choice_of, choice_of_trace, default_choice,
                       realize_choice, realize_module)
 from .space import ScanSpace, knob_values, legal, realizations, sample, violation
-from .task import load_tensor_intrin, make_cost_model, scan_runner, scan_task, tune_task
+from .task import evolutionary_search, load_tensor_intrin, make_cost_model, scan_runner, scan_task, tune_task
 from .workload import form_of, scan_workload, spec_from_json, spec_to_json, workload_module, workload_spec
 
 __all__ = ["Choice", "MutateKnob", "RealizedFeatures", "RejectIllegal", "ScanSpace", "best_choice",
-           "build_candidate", "choice_of", "choice_of_trace", "default_choice", "form_of", "knob_values", "legal",
+           "build_candidate", "choice_of", "evolutionary_search", "choice_of_trace", "default_choice", "form_of", "knob_values", "legal",
            "load_tensor_intrin", "make_cost_model",
            "realizations", "realize_choice", "realize_module", "sample", "scan_builder",
            "scan_runner", "scan_task", "scan_workload", "spec_from_json", "spec_to_json",

@@ -93,6 +93,15 @@ def make_cost_model(kind, extractor=None):
     raise ValueError(f"cost_model: {kind!r} is not one of 'xgb', 'random' or a CostModel instance")
 
 
+def evolutionary_search():
+    """The search ``sw.tune`` runs on a model's kernels: MetaSchedule's evolutionary search,
+    its population kept small for a 2-core machine.  It never looks at its trial budget except
+    to stop, so the first n trials of a longer run are an n-trial run."""
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=128, init_measured_ratio=0.2, init_min_unmeasured=32, genetic_num_iters=3,
+        genetic_mutate_prob=0.85, max_fail_count=8)
+
+
 def scan_runner(target):
     """A ``LocalRunner`` timing each kernel as the mean over >= 3 x 20 ms of calls."""
     config = ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=20)

@@ -13,10 +13,12 @@ import numpy as np
 from .cost_model import WorldModelCostModel
 from .train import fit
 
+STEPS = 3000
 
-def pretrain(tasks, steps=800, seed=0, lr=3e-3, hidden=64):
-    """A ``WorldModelCostModel`` trained on ``tasks`` (``dataset.TaskData`` list); returns
-    ``(model, final mean loss, seconds)``."""
+
+def pretrain(tasks, steps=STEPS, seed=0, lr=3e-3, hidden=64):
+    """A ``WorldModelCostModel`` trained on ``tasks`` (each with ``state`` and ``group``:
+    ``dataset.TaskData``); returns ``(model, final mean loss, seconds)``."""
     model = WorldModelCostModel(hidden=hidden, seed=seed)
     model.set_normalization(np.stack([t.state for t in tasks]))
     start = time.time()
@@ -26,14 +28,14 @@ def pretrain(tasks, steps=800, seed=0, lr=3e-3, hidden=64):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="bench/data/tuning_dataset.json.gz")
+    ap.add_argument("--data", default="bench/data/tuning", help="the dataset folder")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "pretrained.pt"))
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from .dataset import load_tasks
     from .tuning import tuning_target
-    tasks = [t for t in load_tasks(args.data, tuning_target()) if t.split == "train"]
+    tasks = load_tasks(args.data, tuning_target(), split="train")
     model, loss, secs = pretrain(tasks, args.steps, args.seed)
     model.save(args.out)
     print(f"[pretrain] {len(tasks)} tasks, {sum(t.group.n for t in tasks)} records, "

@@ -17,10 +17,11 @@ BLOCK_FEATURES = ("loops", "loop_iters", "spatial_iters", "reduce_iters", "spati
                   "arith", "transcendental", "compares", "dtype_bits", "has_init")
 STATE_DIM = 1 + 2 * len(BLOCK_FEATURES)
 
-# node classes by name: in TVM 0.27 some (BufferLoad, Call) are not exported as Python classes
+# node classes by name: in TVM 0.27 some (BufferLoad, Call) are not exported as Python classes,
+# and a load prints as TensorLoad
 _KIND = {**{n: "arith" for n in ("Add", "Sub", "Mul", "Div", "FloorDiv", "FloorMod", "Mod")},
          **{n: "compares" for n in ("Max", "Min", "Select", "LT", "LE", "GT", "GE", "EQ")},
-         "BufferLoad": "loads", "Call": "transcendental"}
+         "BufferLoad": "loads", "TensorLoad": "loads", "Call": "transcendental"}
 
 
 def _lg(x):

@@ -1,8 +1,8 @@
 """Tune one task with MetaSchedule and record every measured trial in order.
 
 ``tune`` builds a ``TuneContext`` on the task's initial program (MetaSchedule's default CPU
-design space, ``post-order-apply``) and runs ``ms.tune_tasks`` with the in-process builder and
-runner (``measure.py``), a given search strategy and cost model.  ``Recorder`` keeps
+design space, ``post-order-apply``) and runs ``ms.tune_tasks`` with the in-process builder
+(``sw.tune``'s) and runner (``measure.py``), a given search strategy and cost model.  ``Recorder`` keeps
 ``(trace JSON, run seconds)`` per trial in measurement order, which the dataset stores and the
 evaluation turns into best-so-far curves.
 """
@@ -14,7 +14,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from .measure import InProcessBuilder, InProcessRunner
+from tir_schedules.search.builder import InProcessBuilder
+
+from .measure import InProcessRunner
 from .trace_json import plain
 
 
@@ -40,12 +42,12 @@ class Recorder(PyMeasureCallback):
 
 def strategy(kind):
     """``"random"``: ``ReplayTrace`` (uniform samples of the design space); ``"evolutionary"``:
-    MetaSchedule's evolutionary search, population shrunk to fit this machine."""
+    the evolutionary search ``sw.tune`` runs (``tir_schedules.search.evolutionary_search``)."""
     if kind == "random":
         return ms.search_strategy.ReplayTrace()
     if kind == "evolutionary":
-        return ms.search_strategy.EvolutionarySearch(population_size=128, init_measured_ratio=0.2,
-                                                     init_min_unmeasured=32, genetic_num_iters=2)
+        from tir_schedules.search import evolutionary_search
+        return evolutionary_search()
     raise ValueError(f"strategy {kind!r}: expected 'random' or 'evolutionary'")
 
 
