@@ -35,11 +35,15 @@ bench-numerics: setup
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m bench.numerics
 
-bench-dataset: setup
-	$(PY) -m bench.tuning_dataset
+bench-dataset: setup   # resumable: each run adds rounds until every task has its records
+	$(PY) -m bench.tuning_dataset --init
+	$(PY) -m bench.tuning_dataset --worker 0/2 --minutes 120 & $(PY) -m bench.tuning_dataset --worker 1/2 --minutes 120; wait
+	$(PY) -m tir_schedules.world_model.pretrain
 
-bench-search: setup
-	$(PY) -m bench.search_eval
+bench-search: setup    # resumable: runs already in bench/data/search_eval are kept
+	$(PY) -m bench.search_eval --ranking
+	$(PY) -m bench.search_eval --search --worker 0/2 & $(PY) -m bench.search_eval --search --worker 1/2; wait
+	$(PY) -m bench.search_eval --retime --report
 
 fuzz: setup
 	$(PY) -m bench.fuzz --count 1000 --seed 0 --out bench/out/fuzz

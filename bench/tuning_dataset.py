@@ -7,14 +7,17 @@ Resumable, in two steps:
    Tasks are LLM-shaped kernels (matmuls with M in {1, 64, 512}, depthwise conv1d, RMSNorm,
    LayerNorm, softmax), ScanWeaver scan specs, and the kernels ``sw.tune`` extracts from whole
    models (``scanweaver_tvm.tuning.model_tasks``: HF Mamba and Mamba-2 at the real width,
-   Qwen3-Next's Gated DeltaNet layers), deduplicated structurally.  Left out: kernels over
-   ~0.5 GFLOP (the vocabulary projections: a slow candidate would cost seconds) and kernels
-   that only move data (reshapes, transposes, splits).
+   Qwen3-Next's Gated DeltaNet layers), deduplicated structurally (``model_tasks`` leaves out
+   the kernels that only move data).  Left out too: kernels over ~0.5 GFLOP (the vocabulary
+   projections: a slow candidate would cost seconds).
 2. Measure, round after round, until ``--per-task`` records or ``--minutes`` are reached: the
    task with the fewest records gets a round of ``--round`` trials, alternately sampled
    uniformly from MetaSchedule's design space (``ReplayTrace``: spread over the space) and
    found by its evolutionary search with XGBoost (near the good schedules a search visits).
    Each round is saved when it ends.  ``--worker i/n`` splits the tasks between processes.
+   A task whose round finds fewer than half its trials to measure is done: its space is
+   (nearly) all measured.  So is a scan spec after two rounds: its space has a few dozen
+   points, and a round measures them all again.
 
 A record is ``{"trace": trace JSON, "secs": [run seconds], "round": r}`` (``secs`` null when
 the candidate failed to build or run).  Timing: ``time_evaluator`` in the tuning process, one
@@ -76,25 +79,9 @@ def model_kernels(name, length):
     out = []
     for task in model_tasks(sw.from_torch(model, inputs), "llvm"):
         func = task.dispatched[0]["main"]
-        if estimate_tir_flops(task.dispatched[0]) <= MAX_FLOPS and not _only_moves_data(func):
+        if estimate_tir_flops(task.dispatched[0]) <= MAX_FLOPS:
             out.append((task.task_name, func))
     return out
-
-
-def _only_moves_data(func):
-    """True for a reshape / transpose / split / broadcast kernel: every block stores a load of
-    another buffer, with no reduction.  Whole models have many; a few such tasks come with the
-    hand-made families' neighbours, and measuring them all would crowd out the kernels that
-    compute."""
-    from tvm import tirx
-
-    from tir_schedules.world_model.state_encoder import blocks_with_loops
-    for block, _ in blocks_with_loops(func):
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            return False
-        if not (isinstance(block.body, tirx.BufferStore) and type(block.body.value).__name__ in ("BufferLoad", "TensorLoad")):
-            return False
-    return True
 
 
 def task_id(name):
@@ -159,7 +146,7 @@ def _rounded(records, r):
 
 
 def collect(data_dir, worker, workers, per_task, trials, minutes):
-    from tir_schedules.world_model import dataset
+    from tir_schedules.world_model import dataset, workloads
     from tir_schedules.world_model.tuning import tuning_target
     target = tuning_target()
     paths = sorted(glob.glob(os.path.join(data_dir, "*.json.gz")))[worker::workers]
@@ -183,6 +170,8 @@ def collect(data_dir, worker, workers, per_task, trials, minutes):
         task["records"] += _rounded(records, r)
         dataset.save(path + ".tmp", task)
         os.replace(path + ".tmp", path)
+        if len(records) < trials // 2 or (task["family"] in workloads.SCAN and r >= 2):
+            paths.remove(path)      # its space is (nearly) all measured: a scan spec's few knobs
         ok = [min(x["secs"]) for x in records if x["secs"]]
         print(f"[dataset] w{worker} {task['name'][:70]} round {r}: {len(ok)}/{len(records)} measured, "
               f"best {min(ok, default=float('nan')) * 1e6:.1f} us, {time.time() - start:.0f} s; "

@@ -66,8 +66,9 @@ def model_tasks(mod, target="llvm"):
     """The MetaSchedule tasks (``ExtractedTask``) of a model's kernels other than its scans,
     on a CPU target: its fused PrimFuncs as ``sw.compile``'s pipeline has them just before it
     schedules them (``dense_cpu.tunable_passes``), each weighted by its calls.  Kernels
-    already scheduled (the scans, realized by ``LowerScans``) and kernels over symbolic
-    shapes (MetaSchedule times a kernel at one size) are left out: the rules schedule them."""
+    already scheduled (the scans, realized by ``LowerScans``), kernels over symbolic shapes
+    (MetaSchedule times a kernel at one size) and kernels that only move data
+    (``only_moves_data``) are left out: the rules schedule them."""
     from tvm.s_tir import meta_schedule as ms
 
     from tir_schedules import dense_cpu
@@ -84,10 +85,27 @@ def model_tasks(mod, target="llvm"):
     return [t for t in ms.relax_integration.extract_tasks(fused, target) if _tunable(t.dispatched[0]["main"])]
 
 
+def only_moves_data(func):
+    """True for a reshape / transpose / split / broadcast kernel: every block stores a load of
+    another buffer, with no reduction.  ``sw.tune`` leaves them to the rules (a tiled copy is
+    all they need; a whole model has many, and each would take a task's trials)."""
+    from tir_schedules.world_model.state_encoder import blocks_with_loops
+
+    for block, _ in blocks_with_loops(func):
+        if any(iv.iter_type != tvm.tirx.IterVar.DataPar for iv in block.iter_vars):
+            return False
+        if not (isinstance(block.body, tvm.tirx.BufferStore)
+                and type(block.body.value).__name__ in ("BufferLoad", "TensorLoad")):
+            return False
+    return True
+
+
 def _tunable(func):
     from tvm.s_tir import meta_schedule as ms
 
     if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
+        return False
+    if only_moves_data(func):
         return False
     try:
         args = ms.arg_info.ArgInfo.from_prim_func(func)
