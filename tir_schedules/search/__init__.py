@@ -14,7 +14,7 @@ A scan spec becomes an ordinary MetaSchedule task:
 - realization (``choice_of``, ``realize_choice``, ``realize_module``): annotated workload ->
   ``Choice(spec, schedule, config)`` -> the scheduled PrimFunc ``tir_schedules.realize`` would
   make with that config;
-- builder (``scan_builder``: ``InProcessBuilder``: ``build_candidate`` in the tuning process) and features
+- builder (``scan_builder``: ``PooledBuilder``: ``build_candidate`` in one long-lived worker, with a time limit) and features
   (``RealizedFeatures``: ``PerStoreFeature`` of the realized kernel, cached per choice);
 - ``tune_task(spec, target, cost_model, trials, seed, work_dir)`` -> ``JSONDatabase``: takes
   any ``ms.cost_model.CostModel`` (or ``"xgb"`` / ``"random"``); ``evolutionary_search()``: the

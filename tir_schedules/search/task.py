@@ -2,7 +2,7 @@
 
 ``scan_task`` gives the pieces (workload, space generator, builder, feature extractor);
 ``tune_task`` runs MetaSchedule's own loop (``ms.tune_tasks``: evolutionary search, the
-given cost model, ``InProcessBuilder`` + ``LocalRunner``, a ``JSONDatabase`` in ``work_dir``).
+given cost model, ``PooledBuilder`` + ``LocalRunner``, a ``JSONDatabase`` in ``work_dir``).
 Before searching it measures the realization's default choice and commits it like any other
 record, so the search starts from the hand-tuned point and its best is never worse than it.
 """

@@ -1,7 +1,7 @@
 """In-process MetaSchedule runner for the dataset and the evaluation.
 
-Candidates are built by ``tir_schedules.search.InProcessBuilder`` (the builder ``sw.tune``
-uses: MetaSchedule's ``default_build`` in the tuning process, exported to a shared library)
+Candidates are built by ``tir_schedules.search.PooledBuilder`` (the builder ``sw.tune``
+uses: MetaSchedule's ``default_build`` in a long-lived worker, exported to a shared library)
 and timed here, in the same process, with ``time_evaluator``: no worker process to start
 (MetaSchedule's ``LocalRunner`` pays a TVM import per worker on this 2-core machine).  It keeps
 MetaSchedule's protocol (``PyRunner``, ``RunnerResult``).
