@@ -5,6 +5,7 @@ the float64 reference, NaN-poisoned outputs) on the CPU and CUDA source with the
 block size, for the affine, selective and matrix forms; a tiny real tuning run (random and
 XGBoost cost models; a matrix spec too) writes a MetaSchedule database whose best record
 ``sw.compile(..., database=db)`` uses, still correct."""
+import os
 import random
 
 import numpy as np
@@ -243,6 +244,26 @@ def test_tiny_matrix_tuning_run_feeds_compile(tmp_path):
     want = matrix_scan(x["q"], x["k"], x["v"], x["g"], spec.decay, return_last_state=True)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), w, rtol=2e-5, atol=2e-5)
+
+
+def test_pooled_builder_limits_each_candidate_and_keeps_its_worker():
+    """A candidate over the time limit is that candidate's error (the worker is killed, not
+    the tuning); the next batch gets a fresh worker, which then stays for later batches."""
+    import time
+
+    from tir_schedules.search.builder import PooledBuilder
+
+    mod = tvm.IRModule({"main": tvm.te.create_prim_func(
+        [a := tvm.te.placeholder((64,), name="A"), tvm.te.compute((64,), lambda i: a[i] * 2.0)])})
+    item = ms.builder.BuilderInput(mod, tvm.target.Target("llvm"))
+    (late,) = PooledBuilder(timeout_sec=0.001).build([item])
+    assert late.artifact_path is None and "timeout" in late.error_msg
+    builder = PooledBuilder(timeout_sec=60)
+    (first,) = builder.build([item])
+    start = time.time()
+    (second,) = builder.build([item])
+    assert first.error_msg is None and second.error_msg is None and os.path.exists(second.artifact_path)
+    assert time.time() - start < 2.0           # the same worker: no TVM import this time
 
 
 def test_tune_rejects_bad_input(tmp_path):
