@@ -310,15 +310,18 @@ class CompiledCausalLM:
         return out[0], [cache] + list(out[1:])
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
-                 top_p=None, eos_token_id=None, pad_token_id=None, generator=None):
+                 top_p=None, eos_token_id=None, pad_token_id=None, generator=None, attention_mask=None):
         """transformers' ``generate`` arguments and return value: ``(B, L + new)`` token ids
         (a torch tensor).  Greedy unless ``do_sample``; sampling draws with ``torch.multinomial``
         (seeded by ``torch.manual_seed`` or ``generator``).  A sequence that emitted
         ``eos_token_id`` continues with ``pad_token_id`` (else eos) until all have; both
-        default to the model's ``generation_config``, as in transformers."""
+        default to the model's ``generation_config``, as in transformers.  ``attention_mask``
+        (what a tokenizer returns next to the ids, so ``lm.generate(**tokenizer(text))``
+        works) must be all ones: padded prompts are refused, not run as if unpadded."""
         import torch
 
         ids = torch.as_tensor(_as_ids(input_ids))
+        _check_unpadded(attention_mask, ids.shape)
         defaults = getattr(self.model, "generation_config", None)
         if eos_token_id is None:
             eos_token_id = getattr(defaults, "eos_token_id", None)
@@ -346,6 +349,19 @@ class CompiledCausalLM:
                 timings.decode_steps += 1
                 timings.decode_s = time.perf_counter() - start
         return torch.from_numpy(np.concatenate(out, axis=1))
+
+
+def _check_unpadded(attention_mask, shape):
+    """``attention_mask`` of ``generate``: absent, or ones of the ids' shape."""
+    if attention_mask is None:
+        return
+    mask = np.asarray(attention_mask.numpy() if hasattr(attention_mask, "numpy") else attention_mask)
+    if mask.shape != tuple(shape):
+        raise ValueError(f"attention_mask: shape {mask.shape}, expected the token ids' {tuple(shape)}")
+    if not np.all(mask == 1):
+        raise NotImplementedError(
+            "attention_mask: padded prompts (zeros in the mask) are not supported yet: prefill runs "
+            "every position of every row; generate prompts of different lengths one call each")
 
 
 @contextlib.contextmanager

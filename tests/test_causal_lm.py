@@ -94,6 +94,21 @@ def test_sampling_is_seeded_and_valid(mamba):
     assert new.shape == (1, 10) and int(new.min()) >= 0 and int(new.max()) < 96
 
 
+def test_attention_mask_of_ones_is_taken_and_padding_is_refused(mamba):
+    """What a tokenizer returns (ids and a mask) goes in as transformers takes it; a padded
+    row is refused by name (running it as if unpadded would give other tokens)."""
+    model, lm = mamba
+    ids = _prompt(2, 6, 3)
+    got = lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5)
+    assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with pytest.raises(NotImplementedError, match="padded prompts"):
+        lm.generate(ids, attention_mask=mask, max_new_tokens=5)
+    with pytest.raises(ValueError, match="attention_mask: shape"):
+        lm.generate(ids, attention_mask=torch.ones(2, 5, dtype=torch.long), max_new_tokens=5)
+
+
 def test_eos_stops_generation(mamba):
     model, lm = mamba
     ids = _prompt(1, 8, 9)
