@@ -41,8 +41,7 @@ SEARCH_TASKS = ("matmul:[1,2816,1024]", "matmul:[64,1024,1024]", "matmul:[512,38
                 _QWEN + "matmul2", "conv1d_dw:[1,2048,128,4]",
                 _QWEN + "fused_conv1d_strided_slice_tir_sigmoid_multiply2", "rmsnorm:[32,2560]",
                 _QWEN + "fused_mean1_add5_tir_rsqrt2_multiply7_multiply8_tir_sigmoid2_multiply9_multiply9",
-                "softmax:[256,512]",
-                _QWEN + "fused_reshape16_tir_sigmoid3_multiply10_reshape16_multiply10_reshape17")
+                "layernorm:[96,384]", _QWEN + "matmul1")
 
 
 def _load_json(path, default):

@@ -15,9 +15,11 @@ Resumable, in two steps:
    uniformly from MetaSchedule's design space (``ReplayTrace``: spread over the space) and
    found by its evolutionary search with XGBoost (near the good schedules a search visits).
    Each round is saved when it ends.  ``--worker i/n`` splits the tasks between processes.
-   A task whose round finds fewer than half its trials to measure is done: its space is
-   (nearly) all measured.  So is a scan spec after two rounds: its space has a few dozen
-   points, and a round measures them all again.
+   A task is done (``"done"`` in its file, so a rerun skips it) when a round finds fewer than
+   half its trials to measure (its space is nearly all measured), when it is a scan spec after
+   two rounds (a few dozen points, which every round measures again), or when its trials take
+   over 1.5 s each after two rounds (softmax: some sampled unrollings take TVM's lowering
+   seconds to build, up to the builder's 30 s limit).
 
 A record is ``{"trace": trace JSON, "secs": [run seconds], "round": r}`` (``secs`` null when
 the candidate failed to build or run).  Timing: ``time_evaluator`` in the tuning process, one
@@ -36,6 +38,7 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 DATA_DIR = "bench/data/tuning"
 MAX_FLOPS = 5e8
+SLOW_TRIAL_S = 1.5     # a task whose trials take longer (mostly LLVM building) stops after 2 rounds
 
 _LLM = [(1, 1536, 768), (1, 3072, 768), (1, 768, 1536), (1, 2048, 512), (1, 512, 2048),
         (64, 768, 768), (64, 256, 1536), (64, 1536, 256), (64, 2048, 512),
@@ -149,7 +152,8 @@ def collect(data_dir, worker, workers, per_task, trials, minutes):
     from tir_schedules.world_model import dataset, workloads
     from tir_schedules.world_model.tuning import tuning_target
     target = tuning_target()
-    paths = sorted(glob.glob(os.path.join(data_dir, "*.json.gz")))[worker::workers]
+    paths = [p for p in sorted(glob.glob(os.path.join(data_dir, "*.json.gz")))[worker::workers]
+             if not dataset.load(p).get("done")]
     deadline = time.time() + 60 * minutes
     while time.time() < deadline:
         tasks = [(len(dataset.load(p)["records"]), p) for p in paths]
@@ -168,10 +172,14 @@ def collect(data_dir, worker, workers, per_task, trials, minutes):
             paths.remove(path)
             continue
         task["records"] += _rounded(records, r)
+        if len(records) < trials // 2 or (task["family"] in workloads.SCAN and r >= 2):
+            task["done"] = "space measured"     # (nearly) all of it: a scan spec's few knobs
+        elif r >= 2 and time.time() - start > SLOW_TRIAL_S * trials:
+            task["done"] = "slow"               # to build (softmax: large unrolled reductions)
         dataset.save(path + ".tmp", task)
         os.replace(path + ".tmp", path)
-        if len(records) < trials // 2 or (task["family"] in workloads.SCAN and r >= 2):
-            paths.remove(path)      # its space is (nearly) all measured: a scan spec's few knobs
+        if task.get("done"):
+            paths.remove(path)
         ok = [min(x["secs"]) for x in records if x["secs"]]
         print(f"[dataset] w{worker} {task['name'][:70]} round {r}: {len(ok)}/{len(records)} measured, "
               f"best {min(ok, default=float('nan')) * 1e6:.1f} us, {time.time() - start:.0f} s; "
@@ -183,7 +191,7 @@ def main(argv=None):
     ap.add_argument("--dir", default=DATA_DIR)
     ap.add_argument("--init", action="store_true", help="write the task files (no measurement)")
     ap.add_argument("--worker", default="0/1", help="i/n: this process measures every n-th task from i")
-    ap.add_argument("--per-task", type=int, default=512, help="records per task to reach")
+    ap.add_argument("--per-task", type=int, default=448, help="records per task to reach")
     ap.add_argument("--round", type=int, default=64, help="trials per round")
     ap.add_argument("--minutes", type=float, default=60.0, help="stop starting rounds after this")
     args = ap.parse_args(argv)
