@@ -174,10 +174,10 @@ def search(out_dir, target, trials, seeds, worker, workers, names=SEARCH_TASKS):
     missing = [n for n in names if n not in tasks]
     if missing:
         raise ValueError(f"search tasks not among the held-out tasks of {DATA}: {missing}")
-    plan = [(seed, name, method) for seed in range(seeds) for name in names for method in METHODS]
-    for seed, name, method in plan[worker::workers]:
+    pairs = [(seed, name) for seed in range(seeds) for name in names]     # both methods in one worker
+    for seed, name, method in [(s, n, m) for s, n in pairs[worker::workers] for m in METHODS]:
         key = f"{name}|{method}|{seed}"
-        if key in result["runs"]:
+        if key in result["runs"] or key in all_runs(out_dir):
             continue
         start = time.time()
         try:

@@ -155,7 +155,7 @@ def collect(data_dir, worker, workers, per_task, trials, minutes):
     paths = [p for p in sorted(glob.glob(os.path.join(data_dir, "*.json.gz")))[worker::workers]
              if not dataset.load(p).get("done")]
     deadline = time.time() + 60 * minutes
-    while time.time() < deadline:
+    while paths and time.time() < deadline:
         tasks = [(len(dataset.load(p)["records"]), p) for p in paths]
         count, path = min(tasks)
         if count >= per_task:
