@@ -2,7 +2,7 @@
 
 ``tune`` builds a ``TuneContext`` on the task's initial program (MetaSchedule's default CPU
 design space, ``post-order-apply``) and runs ``ms.tune_tasks`` with the in-process builder
-(``sw.tune``'s ``PooledBuilder``) and runner (``measure.py``), a given search strategy and cost model.  ``Recorder`` keeps
+(``sw.tune``'s ``PooledBuilder``, one per process) and runner (``measure.py``), a given search strategy and cost model.  ``Recorder`` keeps
 ``(trace JSON, run seconds)`` per trial in measurement order, which the dataset stores and the
 evaluation turns into best-so-far curves.
 """
@@ -14,7 +14,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from tir_schedules.search.builder import PooledBuilder
+from tir_schedules.search.builder import scan_builder
 
 from .measure import InProcessRunner
 from .trace_json import plain
@@ -68,7 +68,7 @@ def tune(mod, target, search="evolutionary", cost_model="random", trials=64, see
         callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [recorder]
         ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=work_dir,
                       max_trials_global=trials, num_trials_per_iter=per_iter,
-                      builder=PooledBuilder(), runner=InProcessRunner() if runner is None else runner,
+                      builder=scan_builder(), runner=InProcessRunner() if runner is None else runner,
                       database=ms.database.MemoryDatabase() if database is None else database,
                       cost_model=cost_model,
                       measure_callbacks=callbacks, task_scheduler="round-robin")
