@@ -175,9 +175,10 @@ def search(out_dir, target, trials, seeds, worker, workers, names=SEARCH_TASKS):
     if missing:
         raise ValueError(f"search tasks not among the held-out tasks of {DATA}: {missing}")
     pairs = [(seed, name) for seed in range(seeds) for name in names]     # both methods in one worker
+    done = all_runs(out_dir)          # (other workers never run this worker's pairs)
     for seed, name, method in [(s, n, m) for s, n in pairs[worker::workers] for m in METHODS]:
         key = f"{name}|{method}|{seed}"
-        if key in result["runs"] or key in all_runs(out_dir):
+        if key in done:
             continue
         start = time.time()
         try:
@@ -205,7 +206,7 @@ def retime(out_dir, target, rounds, names=SEARCH_TASKS):
     """Median of ``rounds`` interleaved timings of each run's best schedule per budget."""
     import tvm
     from tir_schedules.search import build_candidate
-    from tir_schedules.world_model.measure import _random
+    from tir_schedules.world_model.measure import random_input
     path = os.path.join(out_dir, "retime.json")
     result = _load_json(path, {})
     tasks, runs, dev = _heldout_modules(), all_runs(out_dir), tvm.cpu()
@@ -215,7 +216,7 @@ def retime(out_dir, target, rounds, names=SEARCH_TASKS):
         if not entries or all(f"{k}|{b}" in result for k, b, _ in entries):
             continue
         mod = tasks[name]
-        args = [tvm.runtime.tensor(_random(a.shape, a.dtype), dev)
+        args = [tvm.runtime.tensor(random_input(a.shape, a.dtype), dev)
                 for a in tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])]
         timers, by_trace = {}, {}
         for key, budget, trace in entries:

@@ -136,7 +136,10 @@ def write_report(out_dir, runs, methods, budgets, tasks):
     """Write ``report.md`` and ``curves.svg`` into ``out_dir``; returns the markdown."""
     def load(name):
         path = os.path.join(out_dir, name)
-        return json.load(open(path)) if os.path.exists(path) else {}
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
     retimed, ranking = load("retime.json"), load("ranking.json")
     table, seeds, untimed = summarize(runs, retimed, methods, budgets, tasks)
     rat = ratios(table, budgets)

@@ -41,7 +41,7 @@ class InProcessRunner(PyRunner):
         for inp in runner_inputs:
             try:
                 mod = tvm.runtime.load_module(inp.artifact_path)
-                args = [tvm.runtime.tensor(_random(info.shape, info.dtype), dev) for info in inp.args_info]
+                args = [tvm.runtime.tensor(random_input(info.shape, info.dtype), dev) for info in inp.args_info]
                 evaluator = mod.time_evaluator("main", dev, number=self.number, repeat=self.repeat,
                                                min_repeat_ms=self.min_repeat_ms)
                 futures.append(_Done([float(x) for x in evaluator(*args).results], None))
@@ -50,7 +50,8 @@ class InProcessRunner(PyRunner):
         return futures
 
 
-def _random(shape, dtype):
+def random_input(shape, dtype):
+    """A seeded random array to time a kernel on (small ints for index inputs)."""
     shape = [int(s) for s in shape]
     rng = np.random.default_rng(0)
     if "int" in str(dtype):
