@@ -225,6 +225,7 @@ class CompiledCausalLM:
         self.layout = _layout(model, attention_cache)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
         self.last_timings = None          # Timings of the last generate
+        self._padding_check = None        # padding_refused's finding, once known
 
     def module(self, batch=1):
         """The IRModule of ``prefill`` and ``decode`` at batch ``batch`` (imported, not lowered)."""
@@ -253,41 +254,89 @@ class CompiledCausalLM:
         layers in a paged KV cache, a fresh one first, with room for ``max_length`` tokens a
         sequence (default ``ROOM``).  A model with a state container of its own makes its
         initial state inside its forward (RWKV's is not zeros): there, start with ``prefill``."""
+        cache = [self._kv_cache(batch, max_length or ROOM, batch)] if self.layout.paged else []
+        return cache + self._zero_tensors(batch)
+
+    def _zero_tensors(self, batch):
         import tvm
 
         if isinstance(self.layout, TensorTreeLayout):
             raise NotImplementedError(f"{type(self.model).__name__} makes its own initial state: start with prefill")
-        tensors = [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
-        return ([self._kv_cache(batch, max_length or ROOM, batch)] if self.layout.paged else []) + tensors
+        return [tvm.runtime.tensor(np.zeros(_empty(s, batch), dtype=s.dtype)) for s in self.layout.slots]
 
     def _kv_cache(self, batch, max_length, chunk):
         from .paged_attention import KVCache
 
         return KVCache(self._build(batch)[1], batch, max_length, chunk)
 
-    def prefill(self, input_ids, max_length=None):
+    def prefill(self, input_ids, max_length=None, attention_mask=None):
         """``(logits (B, vocab) of the last position, states)`` after the prompt ``input_ids``.
         With attention layers in a paged KV cache, ``states[0]`` is that cache, made here with
-        room for ``max_length`` tokens a sequence (default: the prompt and ``ROOM`` more)."""
-        import tvm
-
+        room for ``max_length`` tokens a sequence (default: the prompt and ``ROOM`` more).
+        ``attention_mask`` (B, L), as a tokenizer returns it: a left-padded row (zeros, then
+        ones) is its unpadded prompt, as transformers computes it for models that mask their
+        padding (``_prefill_padded``)."""
         ids = _as_ids(input_ids)
         batch, length = ids.shape
         max_length = max_length or length + ROOM
+        starts = _padding(attention_mask, ids.shape)
+        if starts.any():
+            return self._prefill_padded(ids, starts, max_length)
+        cache = self._kv_cache(batch, max_length, batch * length) if self.layout.paged else None
+        return self._prefill(ids, cache)
+
+    def _prefill(self, ids, cache, seqs=None):
+        """``prefill`` of ``ids``, the sequences ``seqs`` (default all) of ``cache`` when paged."""
+        import tvm
+
+        batch, length = ids.shape
         if length < self.shortest_prompt:
-            states = self.zero_states(batch, max_length)
+            states = ([cache] if cache else []) + self._zero_tensors(batch)
             for t in range(length):
-                logits, states = self.decode(ids[:, t], states)
+                logits, states = self._decode(ids[:, t:t + 1], states, seqs)
             return logits, states
         vm = self._build(batch)[1]
-        if not self.layout.paged:
+        if cache is None:
             out = vm["prefill"](tvm.runtime.tensor(ids))
             return out[0], list(out[1:])
-        cache = self._kv_cache(batch, max_length, batch * length)
-        cache.begin(length)
+        cache.begin(length, seqs)
         out = vm["prefill"](tvm.runtime.tensor(ids), cache.handle)
-        cache.end(length)
+        cache.end(length, seqs)
         return out[0], [cache] + list(out[1:])
+
+    def _prefill_padded(self, ids, starts, max_length):
+        """Each row's prompt without its padding, prefilled alone (batch 1; into its own
+        sequence of one paged cache), the rows' states stacked: what transformers' generate
+        computes for a left-padded batch when the model masks its padding, which is checked
+        once per model (``padding_refused``)."""
+        import tvm
+
+        self._check_padding_served()
+        batch = ids.shape[0]
+        cache = self._kv_cache(batch, max_length, ids.shape[1]) if self.layout.paged else None
+        rows = [self._prefill(ids[i:i + 1, start:], cache, [i]) for i, start in enumerate(starts)]
+        first = 1 if cache else 0
+        stacked = [tvm.runtime.tensor(np.concatenate([states[k].numpy() for _, states in rows]))
+                   for k in range(first, len(rows[0][1]))]
+        logits = tvm.runtime.tensor(np.concatenate([logits.numpy() for logits, _ in rows]))
+        return logits, ([cache] if cache else []) + stacked
+
+    def padding_refused(self):
+        """None when padded prompts are served (``prefill``'s ``attention_mask``), else why not:
+        the model must give a left-padded row what it gives the row alone (transformers' own
+        generate, compared once on a probe: RWKV and RecurrentGemma ignore the mask there), and
+        the rows' states must stack (attention caches as tensors have one length for all)."""
+        if self.layout.grows and not self.layout.paged:
+            return "attention caches kept as tensors hold one length for every row"
+        if self._padding_check is None:
+            self._padding_check = _padding_mismatch(self.model) or ""
+        return self._padding_check or None
+
+    def _check_padding_served(self):
+        why = self.padding_refused()
+        if why:
+            raise NotImplementedError(f"attention_mask: padded prompts: {why}; generate rows of different "
+                                      "lengths one call each")
 
     def decode(self, token_ids, states):
         """One step: ``(logits (B, vocab), states)`` after ``token_ids`` (B,) or (B, 1).  The
@@ -295,18 +344,20 @@ class CompiledCausalLM:
         tensors passed in (``relax_pass.in_place``; returned again), and a paged KV cache gains
         the step's keys and values.  Copy them first to keep the old ones.  (Attention caches
         kept as tensors, which grow, are returned new.)"""
+        return self._decode(_as_ids(token_ids).reshape(-1, 1), states)
+
+    def _decode(self, ids, states, seqs=None):
         import tvm
 
-        ids = _as_ids(token_ids).reshape(-1, 1)
         vm = self._build(ids.shape[0])[1]
         if not self.layout.paged:
             out = vm["decode"](tvm.runtime.tensor(ids), *states)
             return out[0], list(out[1:])
         cache, tensors = states[0], states[1:]
-        positions = tvm.runtime.tensor(cache.positions(1))
-        cache.begin(1)
+        positions = tvm.runtime.tensor(cache.positions(1, seqs))
+        cache.begin(1, seqs)
         out = vm["decode"](tvm.runtime.tensor(ids), positions, *tensors, cache.handle)
-        cache.end(1)
+        cache.end(1, seqs)
         return out[0], [cache] + list(out[1:])
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
@@ -315,13 +366,13 @@ class CompiledCausalLM:
         (a torch tensor).  Greedy unless ``do_sample``; sampling draws with ``torch.multinomial``
         (seeded by ``torch.manual_seed`` or ``generator``).  A sequence that emitted
         ``eos_token_id`` continues with ``pad_token_id`` (else eos) until all have; both
-        default to the model's ``generation_config``, as in transformers.  ``attention_mask``
-        (what a tokenizer returns next to the ids, so ``lm.generate(**tokenizer(text))``
-        works) must be all ones: padded prompts are refused, not run as if unpadded."""
+        default to the model's ``generation_config``, as in transformers.  ``attention_mask``:
+        what a tokenizer returns next to the ids (``lm.generate(**tokenizer(texts,
+        padding=True, padding_side="left"))``); padded rows as ``prefill`` takes them."""
         import torch
 
         ids = torch.as_tensor(_as_ids(input_ids))
-        _check_unpadded(attention_mask, ids.shape)
+        starts = _padding(attention_mask, tuple(ids.shape))
         defaults = getattr(self.model, "generation_config", None)
         if eos_token_id is None:
             eos_token_id = getattr(defaults, "eos_token_id", None)
@@ -330,10 +381,14 @@ class CompiledCausalLM:
         eos = set(np.atleast_1d(eos_token_id).tolist()) if eos_token_id is not None else set()
         pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
         done = np.zeros(ids.shape[0], dtype=bool)
+        if starts.any():
+            self._check_padding_served()
+            self._build(1)                             # (padded rows are prefilled one at a time)
         self._build(ids.shape[0])                      # compiled before the clock starts
         with _one_torch_thread():
             start = time.perf_counter()
-            logits, states = self.prefill(ids.numpy(), max_length=ids.shape[1] + max_new_tokens)
+            logits, states = self.prefill(ids.numpy(), max_length=ids.shape[1] + max_new_tokens,
+                                          attention_mask=attention_mask)
             timings = Timings(ids.shape[1], time.perf_counter() - start)
             self.last_timings = timings
             start = time.perf_counter()
@@ -351,17 +406,49 @@ class CompiledCausalLM:
         return torch.from_numpy(np.concatenate(out, axis=1))
 
 
-def _check_unpadded(attention_mask, shape):
-    """``attention_mask`` of ``generate``: absent, or ones of the ids' shape."""
+def _padding(attention_mask, shape):
+    """The first unpadded position of each row (zeros when ``attention_mask`` is None or all
+    ones); only left padding (zeros, then ones: ``padding_side="left"``, what transformers'
+    generate expects of a decoder) is taken."""
+    starts = np.zeros(shape[0], dtype=np.int64)
     if attention_mask is None:
-        return
+        return starts
     mask = np.asarray(attention_mask.numpy() if hasattr(attention_mask, "numpy") else attention_mask)
     if mask.shape != tuple(shape):
         raise ValueError(f"attention_mask: shape {mask.shape}, expected the token ids' {tuple(shape)}")
-    if not np.all(mask == 1):
-        raise NotImplementedError(
-            "attention_mask: padded prompts (zeros in the mask) are not supported yet: prefill runs "
-            "every position of every row; generate prompts of different lengths one call each")
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("attention_mask: expected zeros (padding) and ones")
+    for i, row in enumerate(mask):
+        starts[i] = shape[1] - int(row.sum())
+        if starts[i] == shape[1] or not (row[starts[i]:] == 1).all():
+            raise ValueError(f"attention_mask: row {i} is not left-padded (zeros, then at least one 1): "
+                             f"{row.tolist()}; tokenize with padding_side='left'")
+    return starts
+
+
+def _padding_mismatch(model):
+    """Why a left-padded row does not generate what the row alone does in transformers (``""``
+    when it does): both through the model's own ``generate``, greedy, on a probe (4 padding
+    positions, 8 tokens), compared by logits."""
+    import torch
+
+    pad, n, new = 4, 8, 3
+    ids = (torch.arange(pad + n) * 7 + 3) % model.config.vocab_size
+    alone = ids[None, pad:]
+    padded = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), ids[pad:]]), ids])
+    mask = torch.ones_like(padded)
+    mask[0, :pad] = 0
+    kwargs = dict(do_sample=False, max_new_tokens=new, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+    with torch.no_grad(), torch_kernels(), attributes_restored(model):
+        want = model.generate(alone, attention_mask=torch.ones_like(alone), **kwargs).logits
+        got = model.generate(padded, attention_mask=mask, **kwargs).logits
+    scale = max(float(w.abs().max()) for w in want)
+    diff = max(float((g[0] - w[0]).abs().max()) for g, w in zip(got, want))
+    if diff > 1e-3 * max(scale, 1.0):
+        return (f"transformers' {type(model).__name__} gives a left-padded row other logits than the row alone "
+                f"(by {diff:.3g}; it does not mask its padding)")
+    return ""
 
 
 @contextlib.contextmanager

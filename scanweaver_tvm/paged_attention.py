@@ -235,8 +235,9 @@ def add_create_function(mod, spec, target):
 
 class KVCache:
     """One paged KV cache object of a VM, holding ``batch`` sequences (ids 0..batch-1), with
-    room for ``max_length`` tokens each; ``step(n)`` brackets a call that appends ``n`` tokens
-    to every sequence (the cache's begin/end forward)."""
+    room for ``max_length`` tokens each; ``begin(n)``/``end(n)`` bracket a call that appends
+    ``n`` tokens to every sequence, or to the sequences ``seqs`` only (the cache's begin/end
+    forward: a padded batch's rows are prefilled one at a time, each to its own length)."""
 
     def __init__(self, vm, batch, max_length, chunk):
         import tvm
@@ -249,19 +250,24 @@ class KVCache:
         for seq in range(batch):
             get("vm.builtin.kv_state_add_sequence")(self.handle, seq)
         self._begin, self._end = get("vm.builtin.kv_state_begin_forward"), get("vm.builtin.kv_state_end_forward")
-        self.length = 0
+        self.lengths = np.zeros(batch, dtype=np.int64)     # tokens seen, per sequence
 
-    def begin(self, tokens):
+    def _seqs(self, seqs):
+        return list(range(self.batch)) if seqs is None else [int(s) for s in seqs]
+
+    def begin(self, tokens, seqs=None):
         import tvm_ffi
 
-        if self.length + tokens > self.max_length:
-            raise ValueError(f"the KV cache holds {self.max_length} tokens a sequence: {self.length} seen, "
+        seqs = self._seqs(seqs)
+        longest = int(self.lengths[seqs].max())
+        if longest + tokens > self.max_length:
+            raise ValueError(f"the KV cache holds {self.max_length} tokens a sequence: {longest} seen, "
                              f"{tokens} more do not fit (pass a larger max_length)")
-        self._begin(self.handle, tvm_ffi.Shape(list(range(self.batch))), tvm_ffi.Shape([tokens] * self.batch))
+        self._begin(self.handle, tvm_ffi.Shape(seqs), tvm_ffi.Shape([tokens] * len(seqs)))
 
-    def end(self, tokens):
+    def end(self, tokens, seqs=None):
         self._end(self.handle)
-        self.length += tokens
+        self.lengths[self._seqs(seqs)] += tokens
 
     def sequence_lengths(self):
         """The tokens the cache holds for each sequence (TVM's count)."""
@@ -270,7 +276,6 @@ class KVCache:
         length = tvm.get_global_func("vm.builtin.attention_kv_cache_get_sequence_length")
         return [int(length(self.handle, seq)) for seq in range(self.batch)]
 
-    def positions(self, tokens):
-        """The positions of the next ``tokens`` tokens, (batch, tokens) int64."""
-        return np.broadcast_to(np.arange(self.length, self.length + tokens, dtype=np.int64),
-                               (self.batch, tokens)).copy()
+    def positions(self, tokens, seqs=None):
+        """The positions of the next ``tokens`` tokens of ``seqs`` (default all), (len(seqs), tokens) int64."""
+        return self.lengths[self._seqs(seqs), None] + np.arange(tokens, dtype=np.int64)

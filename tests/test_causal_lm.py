@@ -94,19 +94,47 @@ def test_sampling_is_seeded_and_valid(mamba):
     assert new.shape == (1, 10) and int(new.min()) >= 0 and int(new.max()) < 96
 
 
-def test_attention_mask_of_ones_is_taken_and_padding_is_refused(mamba):
-    """What a tokenizer returns (ids and a mask) goes in as transformers takes it; a padded
-    row is refused by name (running it as if unpadded would give other tokens)."""
+def test_attention_mask_left_padded_rows_equal_transformers(mamba):
+    """What a tokenizer returns (ids and a mask) goes in as transformers takes it: all ones, or
+    left-padded rows of different lengths (one shorter than the conv window), each generating
+    what transformers' generate gives the padded batch."""
     model, lm = mamba
-    ids = _prompt(2, 6, 3)
+    ids = _prompt(3, 9, 3)
     got = lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5)
     assert torch.equal(got, _expected_generate(model, ids, max_new_tokens=5))
     mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    with pytest.raises(NotImplementedError, match="padded prompts"):
-        lm.generate(ids, attention_mask=mask, max_new_tokens=5)
-    with pytest.raises(ValueError, match="attention_mask: shape"):
-        lm.generate(ids, attention_mask=torch.ones(2, 5, dtype=torch.long), max_new_tokens=5)
+    mask[0, :4] = 0
+    mask[2, :7] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    assert torch.equal(lm.generate(ids, attention_mask=mask, max_new_tokens=6), want)
+    assert lm.padding_refused() is None
+
+
+@pytest.mark.parametrize("mask,match", [
+    ([[1, 1, 1, 0, 0, 0], [1] * 6], "row 0 is not left-padded"),
+    ([[0] * 6, [1] * 6], "row 0 is not left-padded"),
+    ([[2] * 6, [1] * 6], "zeros .padding. and ones"),
+    ([[1] * 5, [1] * 5], "attention_mask: shape"),
+])
+def test_bad_attention_masks_are_named(mamba, mask, match):
+    _, lm = mamba
+    with pytest.raises(ValueError, match=match):
+        lm.generate(_prompt(2, 6, 3), attention_mask=torch.tensor(mask), max_new_tokens=2)
+
+
+def test_padding_is_refused_where_transformers_ignores_the_mask():
+    """RWKV computes a padded row differently from the row alone in transformers (it ignores
+    the mask): refused by name, not served as the row alone."""
+    model, _ = _family("rwkv")
+    lm = sw.compile_causal_lm(model)
+    assert "does not mask its padding" in lm.padding_refused()
+    mask = torch.ones((2, 6), dtype=torch.long)
+    mask[0, :2] = 0
+    with pytest.raises(NotImplementedError, match="padded prompts: transformers' RwkvForCausalLM"):
+        lm.generate(_prompt(2, 6, 3), attention_mask=mask, max_new_tokens=2)
+    assert not lm._built
 
 
 def test_eos_stops_generation(mamba):
