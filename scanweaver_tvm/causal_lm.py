@@ -92,15 +92,15 @@ def _layout(model, attention_cache="paged"):
 
     if attention_cache not in ("paged", "tensors"):
         raise ValueError(f"attention_cache: 'paged' or 'tensors', got {attention_cache!r}")
-    first = DynamicCache(config=model.config) if _cache_kwarg(model) in ("cache", "past_key_values") else None
     before = tensor_attributes(model)
     with torch.no_grad(), torch_kernels(), attributes_restored(model):
-        _, state = _run(model, torch.zeros((1, 2), dtype=torch.long), first)
+        state = _first_state(model)
         held = held_states(model, before)
     if state is None:
         raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
     if not isinstance(state, Cache):
-        return TensorTreeLayout.of(state)
+        with torch.no_grad(), torch_kernels(), attributes_restored(model):
+            return TensorTreeLayout.of(state, _first_state(model, batch=2))
     layout = StateLayout.of(state, held)
     if attention_cache == "tensors" and layout.grows:
         layout.not_paged = "attention_cache='tensors' was asked for"
@@ -110,6 +110,25 @@ def _layout(model, attention_cache="paged"):
             f"cache layers {list(layout.windowed)} hold sliding-window attention, carried only in the paged KV "
             f"cache, which does not serve this model: {layout.not_paged}")
     return layout.with_paged(spec) if spec else layout
+
+
+def _first_state(model, batch=1):
+    """The state after an eager prefill of two tokens (``batch`` rows), from a fresh ``DynamicCache`` where the
+    model takes a transformers cache, else (no such argument, or the model fails with one:
+    xLSTM reads its own ``xLSTMCache``'s fields) from none: the model makes its own."""
+    import torch
+    from transformers import DynamicCache
+
+    ids = torch.zeros((batch, 2), dtype=torch.long)
+    if _cache_kwarg(model) in ("cache", "past_key_values"):
+        try:
+            return _run(model, ids, DynamicCache(config=model.config))[1]
+        except (AttributeError, TypeError) as err:
+            try:
+                return _run(model, ids, None)[1]
+            except Exception:                       # pylint: disable=broad-except (the first error is the one to show)
+                raise err from None
+    return _run(model, ids, None)[1]
 
 
 @contextlib.contextmanager
@@ -328,6 +347,8 @@ class CompiledCausalLM:
         the rows' states must stack (attention caches as tensors have one length for all)."""
         if self.layout.grows and not self.layout.paged:
             return "attention caches kept as tensors hold one length for every row"
+        if not all(s.batched for s in self.layout.slots):
+            return "the model's state holds values for the whole batch (not one per row)"
         if self._padding_check is None:
             self._padding_check = _padding_mismatch(self.model) or ""
         return self._padding_check or None
@@ -552,6 +573,8 @@ def _states_in_place(decode, layout, first_state):
 
 def _empty(slot, batch, seen=0):
     """The shape of ``slot`` at batch ``batch`` after ``seen`` tokens (only caches grow)."""
+    if not slot.batched:
+        return slot.shape
     shape = (batch,) + slot.shape[1:]
     return shape[:2] + (seen,) + shape[3:] if slot.grows else shape
 

@@ -15,13 +15,16 @@ class StateSlot:
     Kinds: "conv" and "recurrent" (a linear-attention layer's windows and states, fixed
     shapes), "keys" and "values" (an attention layer's cache, (B, heads, T, head dim): T, the
     tokens seen, grows by one a decode step), "module" (a tensor the model keeps in attribute
-    ``name``, "module path:attribute").  ``shape`` includes the batch."""
+    ``name``, "module path:attribute").  ``shape`` includes the batch on axis 0, where
+    ``batched`` (a model's own container may hold counters for the whole batch: xLSTM's
+    ``seqlen_offset``)."""
     layer: int
     kind: str
     index: int
     shape: tuple
     dtype: str
     name: str = ""
+    batched: bool = True
 
     @property
     def grows(self):
@@ -206,11 +209,17 @@ class TensorTreeLayout:
         self.template, self.slots = template, tuple(slots)
 
     @classmethod
-    def of(cls, cache):
-        leaves = _leaves(cache)
+    def of(cls, cache, at_batch_2):
+        """From the container after a prefill at batch 1 and the one at batch 2: a tensor whose
+        axis 0 differs between them is per row."""
+        leaves, wider = _leaves(cache), _leaves(at_batch_2)
         if not leaves:
             raise ValueError(f"the model's {type(cache).__name__} holds no tensor after a prefill: nothing to carry")
-        return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t)) for i, t in enumerate(leaves)])
+        if [t.dim() for t in leaves] != [t.dim() for t in wider]:
+            raise ValueError(f"the model's {type(cache).__name__} holds other tensors at batch 2 than at batch 1")
+        return cls(cache, [StateSlot(-1, "state", i, tuple(t.shape), _dtype(t),
+                                     batched=t.dim() > 0 and t.shape[0] != w.shape[0])
+                           for i, (t, w) in enumerate(zip(leaves, wider))])
 
     def flatten(self, cache, model=None):
         return _leaves(cache)

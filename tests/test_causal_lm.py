@@ -168,6 +168,10 @@ def _family(name):
         cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                                       intermediate_size=64, context_length=1024)
         return transformers.RwkvForCausalLM(cfg).eval(), "scanweaver.stabilized_scan"
+    if name == "xlstm":        # its own xLSTMCache (it fails with a transformers DynamicCache)
+        cfg = transformers.xLSTMConfig(vocab_size=96, hidden_size=128, num_heads=4, num_blocks=2, num_hidden_layers=2,
+                                       chunk_size=8)
+        return transformers.xLSTMForCausalLM(cfg).eval(), "scanweaver.mlstm_scan"
     if name == "falcon_mamba":
         cfg = transformers.FalconMambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2,
                                              expand=2, conv_kernel=4)
@@ -177,11 +181,12 @@ def _family(name):
     return transformers.Mamba2ForCausalLM(cfg).eval(), "scanweaver.matrix_scan"
 
 
-@pytest.mark.parametrize("family", ["falcon_mamba", "mamba2", "rwkv"])
+@pytest.mark.parametrize("family", ["falcon_mamba", "mamba2", "rwkv", "xlstm"])
 def test_families_greedy_tokens_equal_transformers(family):
     """FalconMamba (normalized B, C, dt), Mamba-2 (chunked SSD in the prompt, a (heads,
-    head_dim, N) state per layer) and RWKV (its WKV, max-stabilized, over a state list of its
-    own): each prompt's scans fused, tokens equal to transformers'."""
+    head_dim, N) state per layer), RWKV (its WKV, max-stabilized, over a state list of its
+    own) and xLSTM (its mLSTM, in chunks of 8 in the prompt, over its own ``xLSTMCache``):
+    each prompt's scans fused, tokens equal to transformers'."""
     model, op = _family(family)
     lm = sw.compile_causal_lm(model)
     for length in (2, 6, 21):
@@ -216,3 +221,16 @@ def test_cli_generate_bad_input_is_one_line(tmp_path, capsys):
     tiny_mamba().save_pretrained(tmp_path)
     assert cli.main(["generate", str(tmp_path), "--prompt-ids", "1,x", "-q"]) == 2
     assert "--prompt-ids: expected integers" in capsys.readouterr().err
+
+
+def test_xlstm_batch_of_two_carries_its_batch_wide_counter():
+    """xLSTM's own cache holds, next to each row's (C, n, m), one ``seqlen_offset`` for the
+    whole batch: found by prefilling at batch 1 and 2, carried at its own shape; batch 2's
+    tokens equal transformers'.  Padded rows are refused (no per-row counter to stack)."""
+    model, _ = _family("xlstm")
+    lm = sw.compile_causal_lm(model)
+    unbatched = [s for s in lm.layout.slots if not s.batched]
+    assert [(s.shape, s.dtype) for s in unbatched] == [((1,), "int64")]
+    ids = _prompt(2, 11, 4)
+    assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected_generate(model, ids, max_new_tokens=6))
+    assert "whole batch" in lm.padding_refused()
