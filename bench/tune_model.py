@@ -5,7 +5,7 @@ vocabulary), imported at one length; ``sw.tune(mod, trials=T, cost_model=...)`` 
 kernel (the scans and, through MetaSchedule, every other kernel with static shapes), then
 ``sw.compile(mod, database=db)`` against ``sw.compile(mod)``.  Both are checked against
 PyTorch and timed interleaved in the same run (``bench.models.interleaved``), with the tuning
-time.  Writes ``tune_model.json`` / ``.md`` into ``--out``.
+time.  Writes ``tune_model_<cost model>.json`` / ``.md`` into ``--out``.
 """
 import argparse
 import json
@@ -59,14 +59,14 @@ def main(argv=None):
                  os.path.join(args.work_dir, args.cost_model), args.budget)
     result["machine"] = platform.processor() or platform.machine()
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tune_model.json"), "w") as f:
+    with open(os.path.join(args.out, f"tune_model_{args.cost_model}.json"), "w") as f:
         json.dump(result, f, indent=1)
     t = result["times"]
     md = (f"HF Mamba (real width, {args.layers} layers, L={args.length}), {args.trials} trials a task with "
           f"{args.cost_model} ({result['records']} records, {result['tune_s'] / 60:.1f} min of tuning): "
           f"untuned {t['untuned']['ms']:.1f} ms, tuned {t['tuned']['ms']:.1f} ms, "
           f"**{result['speedup']:.2f}x** (medians, interleaved, same run).\n")
-    with open(os.path.join(args.out, "tune_model.md"), "w") as f:
+    with open(os.path.join(args.out, f"tune_model_{args.cost_model}.md"), "w") as f:
         f.write(md)
     print(md)
 

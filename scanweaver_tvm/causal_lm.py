@@ -9,7 +9,7 @@ traced through the model's own forward with that cache flattened into tensors
 (``StateLayout``): prefill from an empty cache over a prompt of symbolic length ``L``, decode
 one token from a cache loaded with the given states (attention caches over a symbolic ``T``
 positions seen, returned with ``T + 1``).  A model with a state container of its own (RWKV's
-``state`` list) is carried as its tensors (``TensorTreeLayout``).  Each step returns the last
+``state`` list, xLSTM's ``xLSTMCache``) is carried as its tensors (``TensorTreeLayout``).  Each step returns the last
 position's logits and the states after it.  The two imported functions go into one IRModule
 (``prefill``, ``decode``), compiled once by ``sw.compile`` (the prompt's scans fused), one
 executable per batch size.  States a model keeps in its modules' attributes (RecurrentGemma)
@@ -87,7 +87,6 @@ def _layout(model, attention_cache="paged"):
     and the tensors the model set on its modules (``held_states``).  Attention caches go to a
     paged KV cache where ``_paged_spec`` finds they can; sliding-window ones only there."""
     import torch
-    from transformers import DynamicCache
     from transformers.cache_utils import Cache
 
     if attention_cache not in ("paged", "tensors"):
@@ -113,9 +112,10 @@ def _layout(model, attention_cache="paged"):
 
 
 def _first_state(model, batch=1):
-    """The state after an eager prefill of two tokens (``batch`` rows), from a fresh ``DynamicCache`` where the
-    model takes a transformers cache, else (no such argument, or the model fails with one:
-    xLSTM reads its own ``xLSTMCache``'s fields) from none: the model makes its own."""
+    """The state after an eager prefill of two tokens (``batch`` rows), from a fresh
+    ``DynamicCache`` where the model takes a transformers cache, else (no such argument, or
+    the model fails with one: xLSTM reads its own ``xLSTMCache``'s fields) from none: the
+    model makes its own."""
     import torch
     from transformers import DynamicCache
 
