@@ -6,9 +6,11 @@ and timed on the target.  On a CPU the model's other kernels (dense layers, conv
 norms, elementwise groups: the fused PrimFuncs that ``sw.compile``'s pipeline schedules with
 its rules) are MetaSchedule tasks too (``model_tasks``), tuned together by its gradient task
 scheduler, which shares the trials among them by their weight (calls x cost).  Records go to
-one ``JSONDatabase`` in ``work_dir``; ``sw.compile(mod, target, database=db)`` then lowers
-every tuned scan and kernel with its best record, and keeps the rules where there is none.
+one ``JSONDatabase`` in ``work_dir``; the one ``tune`` returns holds each kernel's best record
+where it beats our rule (``rule_check``), and ``sw.compile(mod, target, database=db)`` lowers
+every scan and kernel with a record by it and keeps the rules for the rest.
 """
+import sys
 from pathlib import Path
 
 import tvm
@@ -16,11 +18,15 @@ from tvm import relax
 
 import tir_schedules
 from tir_schedules import search
+from tir_schedules.tir_blocks import only_moves_data
 
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec, SelectiveScanSpec, StabilizedScanSpec
 from scanweaver_core.targets import physical_cores
 
+from . import rule_check
+
 COST_MODELS = ("xgb", "world", "random")
+APPLIED = "applied"   # work_dir's folder of the records sw.compile applies (rule_check)
 
 
 def scan_specs(mod):
@@ -85,27 +91,12 @@ def model_tasks(mod, target="llvm"):
     return [t for t in ms.relax_integration.extract_tasks(fused, target) if _tunable(t.dispatched[0]["main"])]
 
 
-def only_moves_data(func):
-    """True for a reshape / transpose / split / broadcast kernel: every block stores a load of
-    another buffer, with no reduction.  ``sw.tune`` leaves them to the rules (a tiled copy is
-    all they need; a whole model has many, and each would take a task's trials)."""
-    from tir_schedules.world_model.state_encoder import blocks_with_loops
-
-    for block, _ in blocks_with_loops(func):
-        if any(iv.iter_type != tvm.tirx.IterVar.DataPar for iv in block.iter_vars):
-            return False
-        if not (isinstance(block.body, tvm.tirx.BufferStore)
-                and type(block.body.value).__name__ in ("BufferLoad", "TensorLoad")):
-            return False
-    return True
-
-
 def _tunable(func):
     from tvm.s_tir import meta_schedule as ms
 
     if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
         return False
-    if only_moves_data(func):
+    if only_moves_data(func):           # reshapes, transposes: a tiled copy from the rules is all they need
         return False
     try:
         args = ms.arg_info.ArgInfo.from_prim_func(func)
@@ -119,8 +110,11 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     """Tune every kernel of ``mod_or_spec`` (a Relax ``IRModule``: its scans, and on a CPU
     every other kernel, ``model_tasks``; or one scan spec) on ``target`` with ``trials``
     measured candidates per task (all the model's other kernels share ``trials`` x their
-    number, by MetaSchedule's gradient task scheduler); returns the MetaSchedule
-    ``JSONDatabase`` in ``work_dir`` (pass it to ``sw.compile(..., database=db)``).
+    number, by MetaSchedule's gradient task scheduler); returns a MetaSchedule
+    ``JSONDatabase`` to pass to ``sw.compile(..., database=db)``: for a scan spec, the one in
+    ``work_dir``, every record; for a model, ``work_dir/applied``: each task's best record
+    where its kernel beats the rule's (``rule_check``: both timed as compiled; the comparison
+    in ``comparison.json`` there), and the scans' best.  ``work_dir`` keeps every measurement.
 
     ``cost_model``: ``"xgb"`` (XGBoost on ``PerStoreFeature``s; of the realized kernel for a
     scan), ``"world"`` (``tir_schedules.world_model``, loaded from ``world_model`` when
@@ -151,9 +145,15 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     for spec in specs:
         search.tune_task(spec, target, model, trials=trials, seed=seed, work_dir=work_dir,
                          progress=progress, builder=builder, runner=runner)
-    if tasks:
-        _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner)
-    return _database(work_dir)
+    if not tasks:
+        return _database(work_dir)
+    _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner)
+    comparisons = rule_check.compare(mod_or_spec, target, _database(work_dir), {t.task_name for t in tasks})
+    if progress:
+        for c in comparisons:
+            print(f"[tune] {c.task}: rule {c.rule_us:.1f} us, best record {c.tuned_us:.1f} us: "
+                  f"{'record' if c.kept else 'rule'} kept", file=sys.stderr, flush=True)
+    return rule_check.winning_records(_database(work_dir), tasks, comparisons, Path(work_dir) / APPLIED)
 
 
 def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner):

@@ -325,10 +325,16 @@ class _Layer(__import__("torch").nn.Module):
 @pytest.mark.parametrize("cost_model", ["xgb", "world"])
 def test_whole_model_tuning_feeds_compile(cost_model, tmp_path):
     """``sw.tune`` on a model: its scan and every other kernel (dense layers, the norm) are
-    tuned into one database; ``sw.compile`` gives each tuned kernel its best record's schedule
-    (the same function as MetaSchedule's own query) and the model computes what PyTorch does."""
-    import torch
+    tuned into one database in ``work_dir``; the database it returns keeps a task's best
+    record only where its kernel beat the rule's (timed as compiled, ``comparison.json``).
+    ``sw.compile`` gives each kept kernel its record's schedule (the same function as
+    MetaSchedule's own query), the rules the rest, and the model computes what PyTorch does."""
+    import json
 
+    import torch
+    from tvm.s_tir import meta_schedule as ms
+
+    from scanweaver_tvm import rule_check
     from scanweaver_tvm.tuning import model_tasks
     from tir_schedules import dense_cpu
 
@@ -339,14 +345,31 @@ def test_whole_model_tuning_feeds_compile(cost_model, tmp_path):
     assert any("matmul" in n for n in names) and any("layer_norm" in n for n in names), names
     db = sw.tune(mod, "llvm", trials=3, cost_model=cost_model, work_dir=tmp_path, seed=1, progress=False)
     target = tir_schedules.resolve_target("llvm")
-    assert all(db.has_workload(t.dispatched[0]) for t in tasks)
-    assert len(db.get_all_tuning_records()) <= 3 * (len(tasks) + 1)     # the scan's 3 and the tasks' share
+    every = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert all(every.has_workload(t.dispatched[0]) for t in tasks)
+    assert len(every.get_all_tuning_records()) <= 3 * (len(tasks) + 1)     # the scan's 3 and the tasks' share
+    compared = {c["task"]: c for c in json.loads((tmp_path / "applied" / "comparison.json").read_text())}
+    assert sorted(compared) == names
+    kept = [t for t in tasks if compared[t.task_name]["kept"]]
+    assert all(c["kept"] == (c["tuned_us"] < c["rule_us"]) for c in compared.values())
+    assert [t for t in tasks if db.has_workload(t.dispatched[0])] == kept
     with target:
         applied = dense_cpu.apply_database(db)(tvm.IRModule({t.task_name: t.dispatched[0]["main"] for t in tasks}))
     for t in tasks:
-        best = db.query_schedule(t.dispatched[0], target, "main")
-        assert best is not None and "tirx.is_scheduled" in applied[t.task_name].attrs
-        tvm.ir.assert_structural_equal(applied[t.task_name].body, best.mod["main"].body, map_free_vars=True)
+        best = every.query_schedule(t.dispatched[0], target, "main")
+        assert best is not None
+        if t in kept:
+            tvm.ir.assert_structural_equal(applied[t.task_name].body, best.mod["main"].body, map_free_vars=True)
+        else:
+            assert "tirx.is_scheduled" not in (applied[t.task_name].attrs or {})      # left to the rules
     vm = relax.VirtualMachine(sw.compile(mod, "llvm", database=db), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy()))[0].numpy()
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    # the selection itself: every task losing leaves only the scan's record; every task winning, all
+    lose = rule_check.winning_records(every, tasks, [rule_check.KernelComparison(n, 1.0, 2.0) for n in names],
+                                      tmp_path / "lose")
+    assert not any(lose.has_workload(t.dispatched[0]) for t in tasks) and len(lose.get_all_tuning_records()) == 1
+    win = rule_check.winning_records(every, tasks, [rule_check.KernelComparison(n, 2.0, 1.0) for n in names],
+                                     tmp_path / "win")
+    assert all(win.has_workload(t.dispatched[0]) for t in tasks)
+    assert len(win.get_all_tuning_records()) == len(tasks) + 1

@@ -10,7 +10,9 @@ import math
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
+
+from ..tir_blocks import blocks_with_loops, const_int
 
 BLOCK_FEATURES = ("loops", "loop_iters", "spatial_iters", "reduce_iters", "spatial_extent",
                   "reduce_extent", "reads", "writes", "read_elems", "write_elems", "loads",
@@ -28,12 +30,8 @@ def _lg(x):
     return math.log2(1.0 + max(float(x), 0.0))
 
 
-def _int(expr, default=1):
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else int(expr) if isinstance(expr, int) else default
-
-
 def _elems(region):
-    return math.prod(_int(s) for s in region.source.shape) if len(region.source.shape) else 1
+    return math.prod(const_int(s) for s in region.source.shape) if len(region.source.shape) else 1
 
 
 def _block_row(block, loop_extents):
@@ -45,8 +43,8 @@ def _block_row(block, loop_extents):
             counts[kind] += 1
 
     tvm_ffi.structural_walk(block.body, visit)
-    spatial = [_int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    reduce = [_int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
+    spatial = [const_int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [const_int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
     bits = max([tvm.DataType(str(w.source.dtype)).bits for w in block.writes] or [32])
     row = {
         "loops": len(loop_extents), "loop_iters": _lg(math.prod(loop_extents)),
@@ -60,32 +58,6 @@ def _block_row(block, loop_extents):
         "dtype_bits": bits / 32.0, "has_init": float(block.init is not None),
     }
     return [float(row[k]) for k in BLOCK_FEATURES]
-
-
-def blocks_with_loops(func):
-    """``[(block, [enclosing loop extents]), ...]`` for every non-root block, in program order."""
-    out = []
-
-    def walk(node, loops):
-        if isinstance(node, tirx.For):
-            walk(node.body, loops + [_int(node.extent)])
-        elif isinstance(node, s_tir.SBlockRealize):
-            block = node.block
-            if block.name_hint != "root":
-                out.append((block, loops))
-            walk(block.body, loops)
-        elif isinstance(node, tirx.SeqStmt):
-            for stmt in node.seq:
-                walk(stmt, loops)
-        elif isinstance(node, tirx.IfThenElse):
-            walk(node.then_case, loops)
-            if node.else_case is not None:
-                walk(node.else_case, loops)
-        elif hasattr(node, "body") and node.body is not None:
-            walk(node.body, loops)
-
-    walk(func.body, [])
-    return out
 
 
 def main_func(mod):
