@@ -373,3 +373,22 @@ def test_whole_model_tuning_feeds_compile(cost_model, tmp_path):
                                      tmp_path / "win")
     assert all(win.has_workload(t.dispatched[0]) for t in tasks)
     assert len(win.get_all_tuning_records()) == len(tasks) + 1
+
+
+def test_rule_check_times_the_kernels_the_model_runs():
+    """The rule's kernel that ``rule_check`` times for a dense task is the one the model calls:
+    its weight packed at compile time (no repacking block inside), not the pipeline's unpacked
+    copy of it, which repacks the weight on every call."""
+    import torch
+
+    from scanweaver_tvm import rule_check
+    from scanweaver_tvm.tuning import model_tasks
+    from tir_schedules.dense_cpu import PREPROC
+
+    mod = sw.from_torch(_Layer().eval(), (torch.randn(2, 16, 32),))
+    target = tir_schedules.resolve_target("llvm")
+    names = {t.task_name for t in model_tasks(mod, target)}
+    kernels = rule_check.compiled_kernels(mod, target, None, names)
+    dense = [n for n in kernels if "matmul" in n]
+    assert dense and set(kernels) <= names
+    assert all(PREPROC not in kernels[n].script() for n in dense)
