@@ -16,6 +16,7 @@ executable per batch size.  States a model keeps in its modules' attributes (Rec
 are slots too; sliding-window attention is carried in the paged KV cache only.
 """
 import contextlib
+import functools
 import inspect
 import time
 from dataclasses import dataclass
@@ -95,11 +96,12 @@ def _layout(model, attention_cache="paged"):
     with torch.no_grad(), torch_kernels(), attributes_restored(model):
         state = _first_state(model)
         held = held_states(model, before)
+        own = state is not None and not isinstance(state, Cache)      # a container of its own
+        at_batch_2 = _first_state(model, batch=2) if own else None
     if state is None:
         raise ValueError(f"{type(model).__name__} returns no cache or state with use_cache=True: nothing to carry")
-    if not isinstance(state, Cache):
-        with torch.no_grad(), torch_kernels(), attributes_restored(model):
-            return TensorTreeLayout.of(state, _first_state(model, batch=2))
+    if own:
+        return TensorTreeLayout.of(state, at_batch_2)
     layout = StateLayout.of(state, held)
     if attention_cache == "tensors" and layout.grows:
         layout.not_paged = "attention_cache='tensors' was asked for"
@@ -244,7 +246,6 @@ class CompiledCausalLM:
         self.layout = _layout(model, attention_cache)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
         self.last_timings = None          # Timings of the last generate
-        self._padding_check = None        # padding_refused's finding, once known
 
     def module(self, batch=1):
         """The IRModule of ``prefill`` and ``decode`` at batch ``batch`` (imported, not lowered)."""
@@ -349,9 +350,11 @@ class CompiledCausalLM:
             return "attention caches kept as tensors hold one length for every row"
         if not all(s.batched for s in self.layout.slots):
             return "the model's state holds values for the whole batch (not one per row)"
-        if self._padding_check is None:
-            self._padding_check = _padding_mismatch(self.model) or ""
-        return self._padding_check or None
+        return self._transformers_padding_mismatch or None
+
+    @functools.cached_property
+    def _transformers_padding_mismatch(self):
+        return _padding_mismatch(self.model)          # (a probe through transformers: once)
 
     def _check_padding_served(self):
         why = self.padding_refused()

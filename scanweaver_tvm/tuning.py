@@ -148,12 +148,13 @@ def tune(mod_or_spec, target="llvm", trials=64, cost_model="xgb", work_dir="scan
     if not tasks:
         return _database(work_dir)
     _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner)
-    comparisons = rule_check.compare(mod_or_spec, target, _database(work_dir), {t.task_name for t in tasks})
+    every = _database(work_dir)
+    comparisons = rule_check.compare(mod_or_spec, target, every, {t.task_name for t in tasks})
     if progress:
         for c in comparisons:
             print(f"[tune] {c.task}: rule {c.rule_us:.1f} us, best record {c.tuned_us:.1f} us: "
                   f"{'record' if c.kept else 'rule'} kept", file=sys.stderr, flush=True)
-    return rule_check.winning_records(_database(work_dir), tasks, comparisons, Path(work_dir) / APPLIED)
+    return rule_check.winning_records(every, tasks, comparisons, Path(work_dir) / APPLIED)
 
 
 def _tune_model_tasks(tasks, target, model, trials, seed, work_dir, builder, runner):
