@@ -14,6 +14,7 @@ import functools
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections import namedtuple
@@ -132,7 +133,21 @@ def plain_row(shape, bandwidth, notes, budget_s):
     methods = {name: (lambda f=f: Method(f(a, b))) for name, f in anchors.PLAIN.items()}
     methods[OURS] = lambda: ours("plain", (a, b))
     methods[OURS_MLIR] = lambda: ours("plain", (a, b), "mlir")
-    return _row(shape, anchors.plain_bytes(a, b), bandwidth, methods, ref, notes, budget_s)
+    row = _row(shape, anchors.plain_bytes(a, b), bandwidth, methods, ref, notes, budget_s)
+    return {**row, "kernel": kernel_fingerprint(shape)}
+
+
+def kernel_fingerprint(shape):
+    """The first 12 hex digits of the SHA-1 of our plain kernel's TIR for ``shape`` on this host:
+    two tables whose times differ but whose fingerprints agree measured the same code, so the
+    machine moved, not the kernel."""
+    import hashlib
+
+    import tir_schedules
+    from scanweaver_core.spec import AffineScanSpec
+
+    text = tir_schedules.realize(AffineScanSpec.create(shape), target="llvm").script()
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def selective_row(shape, bandwidth, notes, budget_s):
@@ -193,7 +208,8 @@ def _table(title, rows, shape_label):
 def report(result):
     bw = result["bandwidth"]
     lines = ["# Scan benchmark (CPU)", "",
-             f"{result['machine']['cpu']}, {result['machine']['cores']} cores, "
+             f"{result['machine']['cpu']} ({', '.join(result['machine']['features']) or 'no AVX'}), "
+             f"{result['machine']['cores']} cores, code at {result['machine']['revision']}, "
              f"{anchors.THREADS} threads, OMP_WAIT_POLICY={result['machine']['OMP_WAIT_POLICY']}.  "
              "Copy bandwidth (read+write): "
              + ", ".join(f"{k} thread(s) {v / 1e9:.1f} GB/s" for k, v in bw.items() if k != "best")
@@ -204,6 +220,10 @@ def report(result):
     for key, title, label in sections:
         if result.get(key):
             lines += _table(title, result[key], label)
+            kernels = [f"{'x'.join(map(str, r['shape']))} `{r['kernel']}`" for r in result[key] if "kernel" in r]
+            if kernels:
+                lines += ["Kernel TIR fingerprints (SHA-1 of the scheduled TIR; equal: same code): "
+                          + ", ".join(kernels) + ".", ""]
     for row in result.get("selective", []):
         p = row.get("paired")
         if p:
@@ -219,10 +239,19 @@ def _machine():
     info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "loadavg_1min_start": os.getloadavg()[0],
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}
+    info["features"], info["revision"] = [], "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+            lines = f.readlines()
+        info["cpu"] = next(l.split(":", 1)[1].strip() for l in lines if l.startswith("model name"))
+        flags = next(l.split(":", 1)[1].split() for l in lines if l.startswith("flags"))
+        info["features"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
     except (OSError, StopIteration):
+        pass
+    try:
+        info["revision"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=os.path.dirname(__file__), check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
         pass
     for mod in ("numpy", "torch", "numba", "jax", "tvm"):
         try:

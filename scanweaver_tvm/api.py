@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 
 import tir_schedules
-from tir_schedules import dense_cpu, gpu_rules
+from tir_schedules import dense_cpu, fold_constants, gpu_rules
 from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.in_place import InPlaceStates
 from relax_pass.lower import LowerScans
@@ -189,12 +189,9 @@ def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001
 
 def _legalize_and_fold_at_once(target):
     """The CPU pipeline's first steps, library dispatch and ``LegalizeOps``, then the
-    constant ``call_tir`` calls folded with one LLVM build (``fold_constant_calls``).  Its own
-    ``FoldConstant`` (right after ``LegalizeOps``) builds each PrimFunc it folds as a module of
-    its own: on an unrolled loop, hundreds of them (``where(arange == t, ...)`` writes, slices
-    of constants), ~12 s of the ~15 s that a tiny HF RWKV spent in the pipeline.  The dispatch
-    and ``LegalizeOps`` that the pipeline then runs find nothing left to do, and its
-    ``FoldConstant`` finds the same constants already computed."""
+    constant ``call_tir`` calls folded with one LLVM build (``fold_constants``), where the
+    pipeline's own ``FoldConstant`` builds one module per function it folds.  The dispatch and
+    ``LegalizeOps`` that the pipeline then runs find nothing left to do."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.LegalizeAndFoldAtOnce")
@@ -202,113 +199,6 @@ def _legalize_and_fold_at_once(target):
         with target:
             mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target)
                                            + [relax.transform.LegalizeOps()])(mod)
-        return fold_constant_calls(mod)
+        return fold_constants.fold_constant_calls(mod)
 
     return _pass
-
-
-_CALL_TIR = None
-
-
-def fold_constant_calls(mod):
-    """What TVM's ``FoldConstant`` computes for the ``call_tir`` calls of ``mod`` whose arguments
-    are constants (or such calls' results), computed with one build: those PrimFuncs in one
-    module, built as ``FoldConstant`` builds each (``tirx.build`` for the plain ``llvm``
-    target), run in binding order; each folded binding is then bound to its constant
-    (``FoldConstant`` propagates it and removes what is left unused).  A call it does not fold
-    (a tuple output, a symbolic shape, symbolic arguments) is left to ``FoldConstant``; if the
-    build fails, ``mod`` is returned as it was."""
-    plans = {}                       # GlobalVar of a relax function -> [(binding, callee, args)]
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            plan = _constant_calls(mod, func)
-            if plan:
-                plans[gv] = plan
-    callees = {c for plan in plans.values() for _, c, _ in plan if c is not None}
-    if not callees:
-        return mod
-    names = {c: f"scanweaver_fold_{i}" for i, c in enumerate(sorted(callees, key=lambda g: g.name_hint))}
-    built = tvm.IRModule({names[c]: mod[c].with_attr("global_symbol", names[c]) for c in callees})
-    try:
-        runtime = tvm.tirx.build(built, target=tvm.target.Target("llvm"))
-    except tvm.error.TVMError:
-        return mod
-    out = mod.clone()
-    cpu = tvm.cpu()
-    for gv, plan in plans.items():
-        values = {}
-        for binding, callee, args in plan:
-            if callee is None:                   # a constant bound to a var, or an alias
-                values[binding.var] = args.value if isinstance(args, tvm.ir.expr.Constant) else values[args]
-                continue
-            ty = binding.var.ty
-            result = tvm.runtime.empty(tuple(int(v) for v in ty.shape.values), ty.dtype, cpu)
-            runtime[names[callee]](*[values[a] if isinstance(a, relax.Var) else a.value for a in args], result)
-            values[binding.var] = result
-        out[gv] = _bind_constants(mod[gv], values)
-    return out
-
-
-def _bind_constants(func, values):
-    """``func`` with each binding of a var in ``values`` (var -> tensor) bound to that constant."""
-    blocks = []
-    for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, relax.const(values[b.var])) if b.var in values else b
-                    for b in block.bindings]
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
-                          func.is_pure, func.attrs)
-
-
-def _constant_calls(mod, func):
-    """``[(binding, callee, args)]``: the bindings of ``func`` that ``FoldConstant`` would fold
-    (a ``call_tir`` of a PrimFunc in ``mod``, one tensor output of static shape, every argument
-    a constant or the result of such a binding), in binding order; a constant bound to a var,
-    ``v = c``, or an alias ``v = w`` of a folded value is ``(binding, None, c or w)``."""
-    global _CALL_TIR  # pylint: disable=global-statement
-    _CALL_TIR = _CALL_TIR or tvm.ir.Op.get("relax.call_tir")
-    known, plan = set(), []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = getattr(binding, "value", None)
-            if isinstance(value, tvm.ir.expr.Constant) and isinstance(value.ty, relax.TensorType):
-                known.add(binding.var)                       # a constant bound to a var
-                plan.append((binding, None, value))
-                continue
-            if isinstance(value, relax.Var) and value in known:
-                known.add(binding.var)
-                plan.append((binding, None, value))
-                continue
-            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(value.args) != 2:
-                continue
-            callee, args = value.args
-            if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(mod[callee], tvm.tirx.PrimFunc):
-                continue
-            fields = list(args.fields)
-            if not all(isinstance(a, tvm.ir.expr.Constant) or (isinstance(a, relax.Var) and a in known)
-                       for a in fields):
-                continue
-            ty = binding.var.ty
-            shape = getattr(getattr(ty, "shape", None), "values", None)
-            # (one tensor output; ``value.ty_args`` raises in TVM 0.27's bindings: it reads a
-            # field named ``sinfo_args`` that the node no longer has)
-            if (not isinstance(ty, relax.TensorType) or shape is None
-                    or not all(isinstance(v, tvm.tirx.IntImm) for v in shape)):
-                continue
-            if not fields and _elements(shape) > _MAX_CREATED:
-                continue        # (FoldConstant's ShouldBeFolded: no large constant from nothing)
-            known.add(binding.var)
-            plan.append((binding, callee, fields))
-    return plan
-
-
-_MAX_CREATED = 1024     # TVM 0.27's FoldConstant folds a call without tensor inputs up to this size
-
-
-def _elements(shape):
-    n = 1
-    for v in shape:
-        n *= int(v)
-    return n
-

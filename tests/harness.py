@@ -83,3 +83,36 @@ def assert_outputs_match(got, want, rtol=1e-4):
         assert g.shape == w.shape
         err = np.abs(g - w).max() / max(1.0, np.abs(w).max())
         assert err <= rtol, f"relative error {err:.2e}"
+
+
+def compile_unfused_within_budget(mod, deadline_s=180):
+    """``mod`` (where the pass fuses nothing) compiled by ``tvm.compile`` and by ``sw.compile``,
+    each in a thread given ``deadline_s`` (a compile that does not return is a failure, not a
+    hung suite), the latter within ``compile_budget`` of the former; returns sw's Executable."""
+    import threading
+    import time
+
+    import scanweaver_tvm as sw
+    import tir_schedules
+    from scanweaver_tvm.fuzz.check import compile_budget
+
+    assert not [r for r in sw.find_recurrences(mod) if not r.rejected], "a recurrence was fused"
+
+    def timed(what, fn):
+        box = {}
+
+        def work():
+            start = time.perf_counter()
+            box["out"] = fn()
+            box["s"] = time.perf_counter() - start
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        thread.join(deadline_s)
+        assert "s" in box, f"{what} did not finish in {deadline_s} s"
+        return box["out"], box["s"]
+
+    _, base_s = timed("tvm.compile", lambda: tvm.compile(mod, target=tir_schedules.host_target()))
+    ex, ours_s = timed("sw.compile", lambda: sw.compile(mod, "llvm"))
+    assert ours_s <= compile_budget(base_s), f"sw.compile {ours_s:.1f} s, tvm.compile {base_s:.1f} s"
+    return ex

@@ -1,6 +1,6 @@
 """sw.compile's cost where nothing is fused: on the CPU the constant calls that TVM's
 ``FoldConstant`` would build one module each are computed with one build
-(``api.fold_constant_calls``), and the compiled module is exactly the one the pipeline made
+(``fold_constants.fold_constant_calls``), and the compiled module is exactly the one the pipeline made
 without it."""
 import numpy as np
 import torch
@@ -9,6 +9,7 @@ from tvm import relax
 
 import scanweaver_tvm as sw
 from scanweaver_tvm import api
+from tir_schedules import fold_constants
 
 from harness import assert_outputs_match, run_model
 
@@ -41,7 +42,7 @@ def test_folded_at_once_compiles_to_the_same_module():
         legalized = relax.transform.LegalizeOps()(fused)
         once = api._legalize_and_fold_at_once(target)(fused)
         folded = api._default_pipeline(target)(once)
-    planned = [c for _, c, _ in api._constant_calls(legalized, legalized["main"]) if c is not None]
+    planned = [c for _, c, _ in fold_constants.constant_calls(legalized, legalized["main"]) if c is not None]
     assert planned, "nothing was folded at once"
     assert all(legalized[c].params for c in planned)
     assert tvm_ffi.structural_equal(plain, folded), tvm_ffi.get_first_structural_mismatch(plain, folded)
@@ -63,5 +64,5 @@ def test_a_large_creation_is_left_as_foldconstant_leaves_it():
     with target:
         legalized = relax.transform.LegalizeOps()(mod)
     shapes = [tuple(int(v) for v in b.var.ty.shape.values)
-              for b, c, _ in api._constant_calls(legalized, legalized["main"]) if c is not None]
+              for b, c, _ in fold_constants.constant_calls(legalized, legalized["main"]) if c is not None]
     assert shapes == [(2, 1, 30)], shapes

@@ -1,12 +1,27 @@
 """The shared shell of our DLight-style CPU rules (``dense_cpu``, ``elementwise_cpu``), and
 DLight's own CPU rules behind the same guard."""
+import logging
+
 from tvm import tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+from .tree_size import inlined_size, tree_size
+
+LOG = logging.getLogger("scanweaver")
+
+# Every rule here inlines a function's intermediate stages (DLight's ``try_inline``, our
+# ``compute_inline``s); inlining a stage read k times copies it k times, and a chain of such
+# stages grows exponentially, in the inlining and in TVM's build after it (an RNN loop the pass
+# leaves alone: 3**24 nodes, a build that does not end).  A function that would be written out
+# (``tree_size``) over GROWTH times larger, plus SLACK nodes, is left to the next rule: none of
+# ours, so as ``tvm.compile`` leaves it, one loop nest a stage.
+GROWTH, SLACK = 8, 4096
 
 
 class GuardedCPURule(CPUScheduleRule):
     """A rule for LLVM targets whose ``schedule(func, target)`` returns a schedule or None;
-    a primitive that refuses the function (``RuntimeError``) leaves it as it was (None)."""
+    a primitive that refuses the function (``RuntimeError``) leaves it as it was (None), and so
+    does a function whose inlined stages would grow it past ``GROWTH`` (``inlines_within_bound``)."""
 
     def schedule(self, func, target):
         raise NotImplementedError
@@ -14,10 +29,16 @@ class GuardedCPURule(CPUScheduleRule):
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
+        if not inlines_within_bound(func, self.name()):
+            return None
         try:
             return self.schedule(func, target)
         except RuntimeError:
             return None
+
+    def name(self):
+        """The rule's name in messages (a wrapped DLight rule: that rule's)."""
+        return type(self).__name__
 
 
 class Guarded(GuardedCPURule):
@@ -32,10 +53,32 @@ class Guarded(GuardedCPURule):
         super().__init__()
         self.rule, self.min_elements = rule, min_elements
 
+    def name(self):
+        return type(self.rule).__name__
+
     def schedule(self, func, target):
         if _largest_buffer(func) < self.min_elements:
             return None
         return self.rule.apply(func, target, False)
+
+
+_LAST = [None, None]    # the function last judged and its verdict (the rules ask in turn)
+
+
+def inlines_within_bound(func, rule):
+    """``func`` written out with its stages inlined (``inlined_size``) stays within ``GROWTH``
+    times its size plus ``SLACK``; where not, says so once (logger ``scanweaver``, naming the
+    first ``rule`` that refused it)."""
+    if _LAST[0] is not None and _LAST[0].same_as(func):
+        return _LAST[1]
+    before, inlined = tree_size(func), inlined_size(func)
+    ok = inlined <= GROWTH * before + SLACK
+    if not ok:
+        LOG.info("%s (and every CPU rule after it) left a function unscheduled: inlining its "
+                 "stages would write it out as %d nodes, from %d (a stage read several times "
+                 "by the next, over a chain)", rule, inlined, before)
+    _LAST[:] = [func, ok]
+    return ok
 
 
 def elements(extents):

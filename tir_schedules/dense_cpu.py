@@ -25,6 +25,7 @@ from tvm.s_tir import dlight as dl
 
 from .cpu_rule import Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
+from .fold_constants import FoldConstantCalls
 from .short_reduction_cpu import ShortReductionCPU
 
 MR = 8
@@ -210,10 +211,10 @@ def _has_root(sch):
 
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
-    ``elementwise_cpu``), then pack their constant weights once."""
+    ``elementwise_cpu``), then pack their constant weights once (in one build)."""
     return [_attach_layout_free_buffers, dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
                                                                    Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
-            _split_layout_rewrite_preproc, relax.transform.FoldConstant()]
+            _split_layout_rewrite_preproc, FoldConstantCalls]
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.AttachAttrLayoutFreeBuffers")

@@ -21,7 +21,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 FLOOR = {"float32": 1e-4, "float16": 16 * 2.0 ** -11}
-OURS = ("mismatch", "crash", "detection")
+OURS = ("mismatch", "crash", "detection", "slow_compile")
+COMPILE_RATIO, COMPILE_SLACK_S = 2.0, 3.0
+
+
+def compile_budget(base_s):
+    """The most ``sw.compile`` may take on a module where nothing is fused, given that
+    ``tvm.compile`` took ``base_s``: our passes then only analyze and schedule."""
+    return COMPILE_RATIO * base_s + COMPILE_SLACK_S
 TVM = ("tvm_crash", "tvm_mismatch")
 
 
@@ -34,6 +41,7 @@ class Result:
     tolerance: float = 0.0
     found: list = field(default_factory=list)      # repr of every Recurrence (incl. rejected)
     tags: list = field(default_factory=list)
+    compile_s: dict = field(default_factory=dict)  # base / pass: seconds to compile
     seconds: float = 0.0
     saved: str = ""
     detail: str = ""
@@ -154,8 +162,12 @@ def check_source(source, seed=None):
     if fused is not None and expect["unchanged"]:
         stage("detection", "unchanged", lambda: tvm.ir.assert_structural_equal(fused, mod))
     base = stage("tvm_crash", "compile without the pass",
-                 lambda: tvm.compile(mod, target=tir_schedules.host_target()))
-    ours = stage("crash", "compile with the pass", lambda: sw.compile(mod, "llvm"))
+                 lambda: _timed(res, "base", lambda: tvm.compile(mod, target=tir_schedules.host_target())))
+    ours = stage("crash", "compile with the pass", lambda: _timed(res, "pass", lambda: sw.compile(mod, "llvm")))
+    if base is not None and ours is not None and recs is not None and not any(not r.rejected for r in recs):
+        if res.compile_s["pass"] > compile_budget(res.compile_s["base"]):
+            res.add("slow_compile", "compile", f"nothing fused, yet sw.compile took {res.compile_s['pass']:.1f} s "
+                    f"against tvm.compile's {res.compile_s['base']:.1f} s")
     got_base = base and stage("tvm_crash", "run without the pass", lambda: _run_vm(base, fresh))
     got_ours = ours and stage("crash", "run with the pass", lambda: _run_vm(ours, fresh))
     if got_base is not None:
@@ -170,6 +182,14 @@ def check_source(source, seed=None):
                     f"with the pass: error {res.errors['pass']:.3g} > {res.tolerance:.3g}"
                     + (" (TVM without the pass is off too)" if both else ""))
     return _done(res, start)
+
+
+def _timed(res, name, fn):
+    """``fn()``, its seconds kept in ``res.compile_s[name]``."""
+    start = time.perf_counter()
+    out = fn()
+    res.compile_s[name] = round(time.perf_counter() - start, 3)
+    return out
 
 
 def _done(res, start):

@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+from .check import OURS, compile_budget
+
 MAX_WORKERS = 2
 
 
@@ -86,7 +88,9 @@ def summarize(rows, elapsed, args):
     return {
         "count": len(done), "skipped": len(rows) - len(done), "seeds": [args.seed, args.seed + args.count - 1],
         "max_length": args.max_length, "status": dict(status),
-        "ours": {"mismatch": by("mismatch"), "crash": by("crash"), "detection": by("detection")},
+        "ours": {"mismatch": by("mismatch"), "crash": by("crash"), "detection": by("detection"),
+                 "slow_compile": by("slow_compile")},
+        "compile_unfused": _worst_compile(done),
         "tvm": {"crash": by("tvm_crash"), "mismatch": by("tvm_mismatch")},
         "invalid_cases": by("invalid"),
         "recurrences_expected": dict(found),
@@ -97,6 +101,21 @@ def summarize(rows, elapsed, args):
         "seconds": {"elapsed": round(elapsed, 1), "cases": round(sum(r["seconds"] for r in done), 1),
                     "slowest": max((r["seconds"] for r in done), default=0.0)},
     }
+
+
+def _worst_compile(done):
+    """Over the cases where nothing was fused: the worst ``sw.compile`` / ``tvm.compile`` time
+    ratio and excess over ``compile_budget``, with their seeds."""
+    unfused = [r for r in done if not r["expect"]["found"] and {"base", "pass"} <= set(r["compile_s"])]
+    if not unfused:
+        return {"cases": 0}
+    ratio = max(unfused, key=lambda r: r["compile_s"]["pass"] / max(r["compile_s"]["base"], 1e-3))
+    excess = max(unfused, key=lambda r: r["compile_s"]["pass"] - compile_budget(r["compile_s"]["base"]))
+    return {"cases": len(unfused),
+            "worst_ratio": round(ratio["compile_s"]["pass"] / max(ratio["compile_s"]["base"], 1e-3), 2),
+            "worst_ratio_seed": ratio["seed"], "worst_ratio_seconds": ratio["compile_s"],
+            "worst_excess_s": round(excess["compile_s"]["pass"] - compile_budget(excess["compile_s"]["base"]), 2),
+            "worst_excess_seed": excess["seed"]}
 
 
 def main(argv=None):
@@ -121,14 +140,15 @@ def main(argv=None):
                 print(f"  seed {row['seed']}: {row['status']} {row['problems'][0][2][:160]} -> {row.get('saved')}")
             now = time.time()
             if now - last_print > 10 or len(rows) == len(jobs) or row["status"] != "ok":
-                ours = sum(r["status"] in ("mismatch", "crash", "detection") for r in bad)
+                ours = sum(r["status"] in OURS for r in bad)
                 print(f"done {len(rows)}/{len(jobs)}  failures {len(bad)} (ours {ours}, "
                       f"tvm {sum(r['status'].startswith('tvm') for r in bad)})  elapsed {now - start:.0f}s", flush=True)
                 last_print = now
                 _write_summary(rows, now - start, args)
     results.close()
     summary = _write_summary(rows, time.time() - start, args)
-    print(json.dumps({k: summary[k] for k in ("count", "status", "ours", "tvm", "near_misses_left_alone")}))
+    print(json.dumps({k: summary[k] for k in ("count", "status", "ours", "tvm", "near_misses_left_alone",
+                                              "compile_unfused")}))
     return 0 if summary["status"].get("ok", 0) == summary["count"] else 1
 
 
