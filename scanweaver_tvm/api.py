@@ -10,6 +10,8 @@ from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.in_place import InPlaceStates
 from relax_pass.lower import LowerScans
 
+from . import compile_watch
+
 __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
            "pipeline", "compile"]
 
@@ -49,7 +51,7 @@ def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, tr
 
         return dynamic.import_generic(lambda args: from_torch(model, args, kwargs), FuseAffineRecurrences(),
                                       model, example_args, dynamic_shapes, trace_sizes)
-    with torch.no_grad(), warnings.catch_warnings(), _exportable_experts(model):
+    with torch.no_grad(), warnings.catch_warnings(), _exportable_experts(model), torch_repairs.aligned_constants():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         traced = _with_constants(model, kwargs) if kwargs or hasattr(model, "config") else model
         exported = torch.export.export(traced, tuple(example_args))
@@ -184,7 +186,8 @@ def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001
     if target.kind.name == "llvm":
         passes.append(_legalize_and_fold_at_once(target))
     seq = tvm.transform.Sequential(passes + [_default_pipeline(target, database)])
-    return tvm.compile(mod, target=target, relax_pipeline=seq)
+    with compile_watch.watch():          # a pass of TVM's running long is reported as it runs
+        return tvm.compile(mod, target=target, relax_pipeline=seq)
 
 
 def _legalize_and_fold_at_once(target):

@@ -31,8 +31,16 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
 - ``torch.cat([torch.tensor([]), keys], dim=-2)`` (transformers' ``DynamicLayer`` on its
   first update) fails the import ("Concat expects all input tensors to have same ndim"):
   PyTorch skips empty 1-D operands of ``cat``, TVM's converter does not.  ``convert_cat``
-  drops them as PyTorch does.
+  drops them as PyTorch does, and promotes mixed dtypes as PyTorch does (a bf16 conv cache
+  joined with a float32 value: "Concat expects all input tensors to have the same dtype").
+- A parameter whose data is not 64-byte aligned (a bf16 checkpoint loaded from safetensors,
+  mapped from the file) fails TVM's DLPack import ("Data is not aligned to 64 bytes"), and its
+  fallback through ``.numpy()`` fails for bf16 ("Got unsupported ScalarType BFloat16"): no bf16
+  checkpoint could be imported.  ``aligned_constants`` copies such a tensor to fresh
+  (aligned) memory first.
 """
+import contextlib
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -73,13 +81,42 @@ def convert_exp2(node, importer):
 
 
 def convert_cat(node, importer):
-    """``aten.cat`` without the empty 1-D operands PyTorch skips."""
+    """``aten.cat`` without the empty 1-D operands PyTorch skips, its operands cast to the
+    dtype PyTorch promotes them to (the node's own: a bf16 cache and a float32 value make a
+    float32 result)."""
     args = importer.retrieve_args(node)
     dim = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    parts = [x for x in args[0] if not _empty_vector(tensor_shape(x))]
+    parts = [x for x in args[0] if not _empty_vector(tensor_shape(x))] or list(args[0])
+    out = getattr(node.meta.get("val"), "dtype", None)
+    dtype = str(out).split(".")[-1] if out is not None else None
+    if dtype is not None:
+        parts = [x if tensor_dtype(x) == dtype else importer.block_builder.emit(relax.op.astype(x, dtype))
+                 for x in parts]
     if len(parts) == 1:
         return parts[0]
-    return importer.block_builder.emit(relax.op.concat(parts or args[0], axis=dim))
+    return importer.block_builder.emit(relax.op.concat(parts, axis=dim))
+
+
+@contextlib.contextmanager
+def aligned_constants():
+    """While importing: TVM's conversion of a constant tensor, given an aligned copy where
+    DLPack refuses the tensor itself (bf16 included)."""
+    from tvm.relax.frontend.torch import exported_program_translator as ept
+
+    importer = ept.ExportedProgramImporter
+    original = importer.__dict__["_convert_pytorch_tensor_to_tvm"]
+
+    def convert(tensor):
+        try:
+            return original.__func__(tensor)
+        except (RuntimeError, TypeError):
+            return tvm.runtime.from_dlpack(tensor.detach().cpu().contiguous().clone())
+
+    importer._convert_pytorch_tensor_to_tvm = staticmethod(convert)
+    try:
+        yield
+    finally:
+        importer._convert_pytorch_tensor_to_tvm = original
 
 
 def _empty_vector(shape):

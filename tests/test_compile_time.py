@@ -121,3 +121,49 @@ def test_the_functions_left_unscheduled_build_for_avx2(name):
     model, args = _case(name)
     ex = sw.compile(sw.from_torch(model.eval(), args), {"kind": "llvm", "mcpu": "haswell"})
     assert ex is not None
+
+
+def test_a_long_pass_is_reported_while_it_runs(caplog):
+    """``compile_watch``: a pass that runs past the budget is named as it runs, with the
+    module's largest function and the rule that scheduled it."""
+    import time
+
+    from tvm import te
+
+    from scanweaver_tvm import compile_watch
+    from tir_schedules.cpu_rule import RULE_ATTR
+
+    a = te.placeholder((8,), name="A")
+    func = te.create_prim_func([a, te.compute((8,), lambda i: a[i] * 2.0, name="B")])
+    mod = tvm.IRModule({"double": func.with_attr(RULE_ATTR, "ElementwiseCPU")})
+
+    @tvm.transform.module_pass(opt_level=0, name="test.SlowPass")
+    def slow(m, _ctx):
+        time.sleep(1.5)
+        return m
+
+    with caplog.at_level("WARNING", logger="scanweaver"), compile_watch.watch(budget_s=0.5):
+        slow(mod)
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "test.SlowPass has run" in text
+    assert "double (" in text and "scheduled by ElementwiseCPU" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="scanweaver"), compile_watch.watch(budget_s=5):
+        slow(mod)
+    assert not caplog.records
+
+
+def test_the_rule_that_scheduled_a_function_is_on_it():
+    """``cpu_rule.ApplyRules`` keeps the rule's name on each function it scheduled."""
+    model, args = _case("lstm_cell")
+    from scanweaver_tvm import api
+    from tir_schedules import dense_cpu
+    from tir_schedules.cpu_rule import RULE_ATTR
+
+    target = api._target("llvm")
+    mod = api._legalize_and_fold_at_once(target)(api.pipeline(target)(sw.from_torch(model.eval(), args)))
+    with target:
+        mod = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
+    rules = {str(f.attrs[RULE_ATTR]) for _, f in mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and RULE_ATTR in f.attrs}
+    assert {"DenseCPU", "ElementwiseCPU"} <= rules

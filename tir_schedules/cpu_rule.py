@@ -2,6 +2,7 @@
 DLight's own CPU rules behind the same guard."""
 import logging
 
+import tvm
 from tvm import tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
@@ -60,6 +61,38 @@ class Guarded(GuardedCPURule):
         if _largest_buffer(func) < self.min_elements:
             return None
         return self.rule.apply(func, target, False)
+
+
+RULE_ATTR = "scanweaver.rule"
+
+
+@tvm.transform.module_pass(opt_level=0, name="scanweaver.ApplyRules")
+class ApplyRules:  # pylint: disable=too-few-public-methods
+    """DLight's ``ApplyDefaultSchedule``: on each unscheduled PrimFunc the rules are tried in
+    order, the first schedule kept.  The rule that made it is kept on the function as
+    ``scanweaver.rule``: printed with the scheduled TIR, and named by ``sw.compile`` when TVM's
+    build runs long (``scanweaver_tvm.compile_watch``)."""
+
+    def __init__(self, *rules):
+        self.rules = list(rules)
+
+    def transform_module(self, mod, _ctx):  # pylint: disable=missing-function-docstring
+        scheduled = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or int((func.attrs or {}).get("tirx.is_scheduled", 0)) == 1:
+                continue
+            target = (func.attrs or {}).get("target") or tvm.target.Target.current(allow_none=False)
+            for rule in self.rules:
+                sch = rule.apply(func, target, False)
+                if sch is None:
+                    continue
+                (sch,) = sch if isinstance(sch, list) else [sch]
+                name = rule.name() if isinstance(rule, GuardedCPURule) else type(rule).__name__
+                scheduled[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, RULE_ATTR: name})
+                break
+        for gv, func in scheduled.items():
+            mod[gv] = func
+        return mod
 
 
 _LAST = [None, None]    # the function last judged and its verdict (the rules ask in turn)

@@ -23,7 +23,7 @@ from tvm import relax, s_tir, tirx
 from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
-from .cpu_rule import Guarded, GuardedCPURule
+from .cpu_rule import ApplyRules, Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
 from .fold_constants import FoldConstantCalls
 from .short_reduction_cpu import ShortReductionCPU
@@ -212,8 +212,8 @@ def _has_root(sch):
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
     ``elementwise_cpu``), then pack their constant weights once (in one build)."""
-    return [_attach_layout_free_buffers, dl.ApplyDefaultSchedule(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
-                                                                   Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
+    return [_attach_layout_free_buffers, ApplyRules(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
+                                                    Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
             _split_layout_rewrite_preproc, FoldConstantCalls]
 
 
