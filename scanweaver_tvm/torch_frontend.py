@@ -55,12 +55,13 @@ def custom_convert_map():
     """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
     the converters that repair TVM's (``torch_repairs``), and our paged attention's."""
     from .paged_attention import convert_paged_attention
-    from .torch_repairs import convert_cat, convert_conv1d, convert_convolution, convert_exp2, convert_group_norm, convert_topk
+    from .torch_repairs import (convert_addmm, convert_cat, convert_conv1d, convert_convolution, convert_exp2,
+                                convert_group_norm, convert_topk)
 
     return {"scan": convert_scan, "conv1d.default": convert_conv1d,
             "convolution.default": convert_convolution, "native_group_norm.default": convert_group_norm,
             "logcumsumexp.default": convert_logcumsumexp, "exp2.default": convert_exp2,
-            "topk.default": convert_topk, "cat.default": convert_cat,
+            "topk.default": convert_topk, "cat.default": convert_cat, "addmm.default": convert_addmm,
             "constant_pad_nd.default": convert_constant_pad, "pad.default": convert_constant_pad,
             "paged_attention.default": convert_paged_attention}
 

@@ -38,6 +38,14 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   fallback through ``.numpy()`` fails for bf16 ("Got unsupported ScalarType BFloat16"): no bf16
   checkpoint could be imported.  ``aligned_constants`` copies such a tensor to fresh
   (aligned) memory first.
+- ``linear``, ``matmul`` and ``addmm`` import with ``out_dtype="float32"`` whatever their
+  operands: in a bf16 model the result is float32 where PyTorch's is bf16, and the next op
+  fails ("Binary operators must have the same datatype": ``addmm``'s bias; a layer norm's
+  weight), or the rest of the layer silently runs in another precision than the model's.
+  ``torch_dtypes`` casts each converted value whose float dtype differs from the one PyTorch
+  gives that node (its ``meta["val"]``) to PyTorch's: a bf16 matmul accumulates in float32 and
+  is rounded to bf16, as PyTorch's CPU kernels do.  ``convert_addmm`` adds the bias in
+  float32 too (TVM's fails adding a bf16 bias to its float32 product).
 """
 import contextlib
 
@@ -117,6 +125,65 @@ def aligned_constants():
         yield
     finally:
         importer._convert_pytorch_tensor_to_tvm = original
+
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def convert_addmm(node, importer):
+    """``beta * x + alpha * (y @ z)`` computed in float32 (float64 for float64 operands) and
+    left to ``torch_dtypes`` to round to the node's dtype."""
+    x, y, z = (importer.env[a] for a in node.args[:3])
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    emit = importer.block_builder.emit
+    wide = "float64" if tensor_dtype(y) == "float64" else "float32"
+    out = emit(relax.op.matmul(y, z, out_dtype=wide))
+    if alpha != 1:
+        out = emit(relax.op.multiply(out, relax.const(alpha, wide)))
+    if beta == 0:
+        return out
+    bias = x if tensor_dtype(x) == wide else emit(relax.op.astype(x, wide))
+    if beta != 1:
+        bias = emit(relax.op.multiply(bias, relax.const(beta, wide)))
+    return emit(relax.op.add(bias, out))
+
+
+@contextlib.contextmanager
+def torch_dtypes():
+    """While importing: every converter's tensor result in the float dtype PyTorch gives its
+    node (TVM's own converters and the custom ones)."""
+    from tvm.relax.frontend.torch import exported_program_translator as ept
+
+    importer = ept.ExportedProgramImporter
+    create, update = importer.create_convert_map, importer.update_convert_map
+
+    def kept(builder_of, convert):
+        def converted(node, *rest):
+            return _as_torch_dtype(builder_of(), node, convert(node, *rest))
+        return converted
+
+    def create_kept(self):
+        return {k: kept(lambda: self.block_builder, f) for k, f in create(self).items()}
+
+    def update_kept(self, table):
+        update(self, {k: kept(lambda: self.block_builder, f) for k, f in table.items()})
+
+    importer.create_convert_map, importer.update_convert_map = create_kept, update_kept
+    try:
+        yield
+    finally:
+        importer.create_convert_map, importer.update_convert_map = create, update
+
+
+def _as_torch_dtype(builder, node, value):
+    """``value`` cast to the float dtype of ``node``'s PyTorch value where both are floats and
+    differ."""
+    want = getattr(getattr(node, "meta", {}).get("val"), "dtype", None)
+    have = tensor_dtype(value) if isinstance(value, relax.Expr) else None
+    want = str(want).split(".")[-1] if want is not None else None
+    if have in FLOATS and want in FLOATS and have != want:
+        return builder.emit(relax.op.astype(value, want))
+    return value
 
 
 def _empty_vector(shape):

@@ -1,0 +1,74 @@
+"""bf16 checkpoints as users have them: a tiny config of each family saved with
+``save_pretrained`` after ``.to(torch.bfloat16)``, given to ``sw.compile_causal_lm`` as the
+directory (transformers 5 loads it as bf16, ``dtype="auto"``); greedy tokens equal transformers'
+own bf16 ``generate``, and the logits no farther from an fp32 run of the same bf16 weights
+than transformers' bf16 run is."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import scanweaver_tvm as sw
+from scanweaver_tvm.causal_lm import torch_kernels
+from test_causal_lm import _family
+from test_causal_lm_hybrids import FAMILIES as HYBRIDS
+
+T = transformers
+
+
+def _mamba():
+    return T.MambaForCausalLM(T.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2,
+                                            expand=2))
+
+
+def _llama():
+    return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+
+
+FAMILIES = {"mamba": _mamba, "llama": _llama, "falcon_mamba": lambda: _family("falcon_mamba")[0],
+            "mamba2": lambda: _family("mamba2")[0], "xlstm": lambda: _family("xlstm")[0],
+            **{name: HYBRIDS[name][0] for name in ("falcon_h1", "bamba", "granitemoehybrid", "zamba2")}}
+
+
+def _checkpoint(make, path):
+    torch.manual_seed(0)
+    make().eval().to(torch.bfloat16).save_pretrained(path)
+    model = T.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert model.dtype == torch.bfloat16
+    return model
+
+
+def _prompt(length):
+    return torch.randint(3, 60, (1, length), generator=torch.Generator().manual_seed(length))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bf16_checkpoint_generates_transformers_tokens(family, tmp_path):
+    model = _checkpoint(FAMILIES[family], tmp_path)
+    lm = sw.compile_causal_lm(str(tmp_path))
+    ids = _prompt(9)
+    with torch.no_grad(), torch_kernels():
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+    assert torch.equal(lm.generate(ids, max_new_tokens=6), want)
+
+
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "llama"])
+def test_bf16_logits_as_close_to_fp32_as_transformers(family, tmp_path):
+    """The precision kept: against the same bf16 weights run in fp32, our last logits err at
+    most 1.5x what transformers' bf16 run errs (served as float32, as the prefill step returns
+    every model's logits)."""
+    model = _checkpoint(FAMILIES[family], tmp_path)
+    wide = copy.deepcopy(model).float()
+    ids = _prompt(13)
+    with torch.no_grad(), torch_kernels():
+        exact = wide(ids).logits[:, -1].double().numpy()
+        theirs = model(ids).logits[:, -1].double().numpy()
+    logits, _ = sw.compile_causal_lm(str(tmp_path)).prefill(ids)
+    got = logits.numpy()
+    assert got.dtype == np.float32
+    ours_err = np.abs(got.astype(np.float64) - exact).max()
+    theirs_err = np.abs(theirs - exact).max()
+    assert 0 < theirs_err and ours_err <= 1.5 * theirs_err, (ours_err, theirs_err)
