@@ -1,5 +1,6 @@
-"""The shared shell of our DLight-style CPU rules (``dense_cpu``, ``elementwise_cpu``), and
-DLight's own CPU rules behind the same guard."""
+"""The shared shell of our DLight-style CPU rules (``dense_cpu``, ``elementwise_cpu``,
+``short_reduction_cpu``), DLight's own CPU rules behind the same guard, and ``ApplyRules``, the
+pass that tries them in order."""
 import logging
 
 import tvm
