@@ -23,7 +23,9 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   written) imports as an int64 ``power``, which TVM cannot build ("power only applies to
   float").  It is computed in float64 and truncated back to the integer dtype: PyTorch's
   integer power wherever the result fits float64 exactly (|result| <= 2**53; a negative
-  exponent gives 0 but for a base of 1 or -1).
+  exponent gives 0 but for a base of 1 or -1).  A bf16 ``power`` (NemotronH's gated norm,
+  ``x.pow(2)`` in bf16) fails alike (TVM's ``pow`` takes no bf16): it is computed in float32
+  and rounded to bf16, as PyTorch's CPU kernel does.
 - ``torch.exp2`` (fla's ``naive_retention`` writes its decay with it) has no converter
   ("Unsupported function types ['exp2.default']").  ``convert_exp2`` computes ``2 ** x`` with
   ``power`` in the result's dtype (float32 for an integer ``x``, as PyTorch; float16/bfloat16
@@ -260,9 +262,10 @@ class _Repair(relax.PyExprMutator):
             op = relax.op.cumsum if name == "relax.cumsum" else relax.op.cumprod
             return op(x, call.attrs.axis, "int64", bool(call.attrs.exclusive))
         dtype = tensor_dtype(call)
-        if name == "relax.power" and dtype.startswith(("int", "uint")):
-            wide = [self.builder_.normalize(relax.op.astype(a, "float64")) for a in call.args]
-            return relax.op.astype(self.builder_.normalize(relax.op.power(*wide)), dtype)
+        if name == "relax.power" and dtype.startswith(("int", "uint", "bfloat")):
+            wide = "float32" if dtype == "bfloat16" else "float64"
+            args = [self.builder_.normalize(relax.op.astype(a, wide)) for a in call.args]
+            return relax.op.astype(self.builder_.normalize(relax.op.power(*args)), dtype)
         return call
 
     def _take(self, call):

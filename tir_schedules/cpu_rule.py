@@ -34,9 +34,13 @@ class GuardedCPURule(CPUScheduleRule):
         if not inlines_within_bound(func, self.name()):
             return None
         try:
-            return self.schedule(func, target)
+            sch = self.schedule(func, target)
         except RuntimeError:
             return None
+        if sch is not None and _has_bf16(func) and not lowers(sch.mod["main"], target):
+            LOG.info("%s: schedule refused: TVM's TIR lowering rejects it (bf16 legalization)", self.name())
+            return None
+        return sch
 
     def name(self):
         """The rule's name in messages (a wrapped DLight rule: that rule's)."""
@@ -62,6 +66,27 @@ class Guarded(GuardedCPURule):
         if _largest_buffer(func) < self.min_elements:
             return None
         return self.rule.apply(func, target, False)
+
+
+def _has_bf16(func):
+    """A parameter buffer of ``func`` holds bf16."""
+    return any(getattr(getattr(p, "ty", None), "dtype", None) == "bfloat16" for p in func.params)
+
+
+def lowers(func, target):
+    """TVM's TIR pipeline for ``target`` accepts ``func`` (no code is generated).  Asked of a
+    scheduled function with bf16 buffers: TVM 0.27's bf16 storage legalization rejects some
+    vectorized forms ("dtype mismatch on BufferStore ... bfloat16x16": a bf16 constant stored
+    by a vectorized init; "IntImm can only take scalar, but boolx16": a vectorized select of
+    bf16 values), which would otherwise fail the model's build; such a function is left to the
+    next rule (TVM builds it unscheduled)."""
+    mod = tvm.tirx.transform.BindTarget(target.with_host(target))(tvm.IRModule({"main": func}))
+    pipeline, finalize_host, _ = tvm.tirx.get_default_tir_pipeline(target)
+    try:
+        finalize_host()(pipeline(mod))
+    except Exception:  # pylint: disable=broad-except  (any refusal: TVM's TypeError, ValueError, InternalError)
+        return False
+    return True
 
 
 RULE_ATTR = "scanweaver.rule"
