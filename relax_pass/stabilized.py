@@ -370,7 +370,7 @@ class _Reader:
 
     def _write_of(self, y, inside):
         frontier, seen = [y], []
-        for _ in range(4):
+        for _ in range(6):       # (the layout ops a write goes through, and a cast to its dtype)
             nxt = []
             for x in frontier:
                 for u in self.users.get(x, []):
@@ -543,9 +543,9 @@ def _match(reader, steps, an):
     match = StabilizedMatch(steps, reverse, output, out_axis, output, last_used, an,
                             (min(idx), len(steps)), has_bonus=steps[0].before,
                             has_values=steps[0].num is not None,
-                            channel_w=all(s.w.same_as(steps[0].w) for s in steps),
+                            channel_w=all(_invariant(an, s.w, steps[0].w) for s in steps),
                             channel_u=all((s.u is None and steps[0].u is None) or
-                                          (s.u is not None and steps[0].u is not None and s.u.same_as(steps[0].u))
+                                          (s.u is not None and steps[0].u is not None and _invariant(an, s.u, steps[0].u))
                                           for s in steps),
                             bindings=tuple(sorted((v.name for v in region if v is not None),
                                                   key=lambda n: (len(n), n))))
@@ -555,6 +555,15 @@ def _match(reader, steps, an):
         raise NotStabilized(f"the state has shape {tensor_shape(steps[0].m)}; the scan takes (batch, channels)")
     _check_numbers(reader, match)
     return match
+
+
+def _invariant(an, x, first):
+    """``x`` is ``first``, or computed alike from the same values with no per-step slice (a
+    bf16 model casts its decay to float32 in every step: one cast per step, the same value)."""
+    if x.same_as(first):
+        return True
+    tx, tf = an.template(x), an.template(first)
+    return tx.index is None and tf.index is None and tx.key == tf.key
 
 
 def emit_stabilized(bb, match, visit):

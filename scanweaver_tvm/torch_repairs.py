@@ -25,7 +25,8 @@ Each is a TVM bug that would otherwise reach users as a wrong or uncompilable mo
   integer power wherever the result fits float64 exactly (|result| <= 2**53; a negative
   exponent gives 0 but for a base of 1 or -1).  A bf16 ``power`` (NemotronH's gated norm,
   ``x.pow(2)`` in bf16) fails alike (TVM's ``pow`` takes no bf16): it is computed in float32
-  and rounded to bf16, as PyTorch's CPU kernel does.
+  and rounded to bf16, as PyTorch's CPU kernel does; so is a bf16 ``layer_norm`` /
+  ``group_norm`` (RWKV's; TVM's legalization: "only support float32 and float16").
 - ``torch.exp2`` (fla's ``naive_retention`` writes its decay with it) has no converter
   ("Unsupported function types ['exp2.default']").  ``convert_exp2`` computes ``2 ** x`` with
   ``power`` in the result's dtype (float32 for an integer ``x``, as PyTorch; float16/bfloat16
@@ -262,6 +263,10 @@ class _Repair(relax.PyExprMutator):
             op = relax.op.cumsum if name == "relax.cumsum" else relax.op.cumprod
             return op(x, call.attrs.axis, "int64", bool(call.attrs.exclusive))
         dtype = tensor_dtype(call)
+        if name in ("relax.nn.layer_norm", "relax.nn.group_norm") and dtype == "bfloat16":
+            wide = [self.builder_.normalize(relax.op.astype(a, "float32")) for a in call.args]
+            norm = relax.Call(call.op, wide, call.attrs)
+            return relax.op.astype(self.builder_.normalize(norm), dtype)
         if name == "relax.power" and dtype.startswith(("int", "uint", "bfloat")):
             wide = "float32" if dtype == "bfloat16" else "float64"
             args = [self.builder_.normalize(relax.op.astype(a, wide)) for a in call.args]

@@ -30,6 +30,7 @@ def _llama():
 
 FAMILIES = {"mamba": _mamba, "llama": _llama, "falcon_mamba": lambda: _family("falcon_mamba")[0],
             "mamba2": lambda: _family("mamba2")[0], "xlstm": lambda: _family("xlstm")[0],
+            "rwkv": lambda: _family("rwkv")[0],
             **{name: make for name, (make, _, _) in HYBRIDS.items()}}
 
 
