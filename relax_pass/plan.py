@@ -292,7 +292,10 @@ class AffinePlan(_Plan):
                 pos = relax.const(self.position[s], "int64")
                 rw.replace(s, bb.emit(relax.op.take(outs["states"], pos, axis=axis)))
         for c, stacking in self.concats.items():
-            rw.replace(c, _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr))
+            gathered_states = _gather(bb, outs["states"], axis, rank, stacking, tensor_shape(c), rw.visit_expr)
+            if tensor_dtype(gathered_states) != tensor_dtype(c):   # (a bf16 buffer written h_t.to(bf16))
+                gathered_states = bb.emit(relax.op.astype(gathered_states, tensor_dtype(c)))
+            rw.replace(c, gathered_states)
 
 
 PLAN_KINDS = (LiftedPlan, StabilizedPlan, MLSTMPlan, DeltaPlan, ChunkedDeltaPlan, ChunkedMLSTMPlan, ChunkedPlan, MatrixPlan, SelectivePlan,

@@ -14,6 +14,7 @@ import scanweaver_tvm as sw
 from scanweaver_tvm.causal_lm import torch_kernels
 from test_causal_lm import _family
 from test_causal_lm_hybrids import FAMILIES as HYBRIDS
+from test_causal_lm_hybrids import _recurrent_gemma
 
 T = transformers
 
@@ -30,7 +31,7 @@ def _llama():
 
 FAMILIES = {"mamba": _mamba, "llama": _llama, "falcon_mamba": lambda: _family("falcon_mamba")[0],
             "mamba2": lambda: _family("mamba2")[0], "xlstm": lambda: _family("xlstm")[0],
-            "rwkv": lambda: _family("rwkv")[0],
+            "rwkv": lambda: _family("rwkv")[0], "recurrent_gemma": _recurrent_gemma,
             **{name: make for name, (make, _, _) in HYBRIDS.items()}}
 
 
