@@ -83,7 +83,7 @@ def convert_exp2(node, importer):
     """``aten.exp2``: ``power(2, x)`` in the dtype PyTorch gives it (the node's fake value)."""
     emit = importer.block_builder.emit
     x = importer.env[node.args[0]]
-    dtype = str(node.meta["val"].dtype).replace("torch.", "")
+    dtype = _node_dtype(node)
     wide = "float64" if dtype == "float64" else "float32"
     if tensor_dtype(x) != wide:
         x = emit(relax.op.astype(x, wide))
@@ -98,8 +98,7 @@ def convert_cat(node, importer):
     args = importer.retrieve_args(node)
     dim = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     parts = [x for x in args[0] if not _empty_vector(tensor_shape(x))] or list(args[0])
-    out = getattr(node.meta.get("val"), "dtype", None)
-    dtype = str(out).split(".")[-1] if out is not None else None
+    dtype = _node_dtype(node)
     if dtype is not None:
         parts = [x if tensor_dtype(x) == dtype else importer.block_builder.emit(relax.op.astype(x, dtype))
                  for x in parts]
@@ -181,12 +180,17 @@ def torch_dtypes():
 def _as_torch_dtype(builder, node, value):
     """``value`` cast to the float dtype of ``node``'s PyTorch value where both are floats and
     differ."""
-    want = getattr(getattr(node, "meta", {}).get("val"), "dtype", None)
+    want = _node_dtype(node)
     have = tensor_dtype(value) if isinstance(value, relax.Expr) else None
-    want = str(want).split(".")[-1] if want is not None else None
     if have in FLOATS and want in FLOATS and have != want:
         return builder.emit(relax.op.astype(value, want))
     return value
+
+
+def _node_dtype(node):
+    """The dtype PyTorch gives ``node``'s value (``"bfloat16"``, ...), or None (no tensor)."""
+    dtype = getattr(getattr(node, "meta", {}).get("val"), "dtype", None)
+    return str(dtype).split(".")[-1] if dtype is not None else None
 
 
 def _empty_vector(shape):
@@ -240,7 +244,7 @@ def _conv1d_in_float32(importer, node, x, weight, bias, stride, padding, dilatio
     if bias is not None:
         bias = emit(relax.op.reshape(emit(relax.op.astype(bias, "float32")), (1, -1, 1)))
         conv = emit(relax.op.add(conv, bias))
-    dtype = str(node.meta["val"].dtype).replace("torch.", "")
+    dtype = _node_dtype(node)
     return emit(relax.op.astype(conv, dtype)) if dtype != "float32" else conv
 
 

@@ -130,7 +130,8 @@ def inlines_within_bound(func, rule):
     first ``rule`` that refused it)."""
     if _LAST[0] is not None and _LAST[0].same_as(func):
         return _LAST[1]
-    before, inlined = tree_size(func), inlined_size(func)
+    before = tree_size(func)
+    inlined = inlined_size(func, before)
     ok = inlined <= GROWTH * before + SLACK
     if not ok:
         LOG.info("%s (and every CPU rule after it) left a function unscheduled: inlining its "

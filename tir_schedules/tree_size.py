@@ -60,23 +60,25 @@ def tree_size(node, loads=None):
     return memo[root.__chandle__()]
 
 
-def inlined_size(func):
+def inlined_size(func, size=None):
     """``tree_size`` of ``func`` once every stage that writes an intermediate buffer (a plain
     store, no reduction) is inlined into its readers, as DLight's ``try_inline`` and our rules'
-    ``compute_inline`` do; found before inlining, which itself takes time in what it writes."""
+    ``compute_inline`` do; found before inlining, which itself takes time in what it writes.
+    ``size``: ``tree_size(func)`` where the caller has it already."""
+    size = tree_size(func) if size is None else size
     try:
         root = func.body.block
     except AttributeError:
-        return tree_size(func)
+        return size
     intermediate = {b.__chandle__() for b in root.alloc_buffers}
-    sizes, total = {}, tree_size(func) - sum(tree_size(b) for b in _blocks(root))
-    for block in _blocks(root):
-        size = tree_size(block, sizes)
+    blocks = _blocks(root)
+    sizes, total = {}, size - sum(tree_size(b) for b in blocks)
+    for block in blocks:
         written = block.writes[0].source.__chandle__() if len(block.writes) == 1 else None
         if written in intermediate and block.init is None and type(block.body).__name__ == "BufferStore":
             sizes[written] = tree_size(block.body.value, sizes)
         else:
-            total += size
+            total += tree_size(block, sizes)
     return total
 
 
