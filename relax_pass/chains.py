@@ -81,7 +81,7 @@ def find_chains(function_name, bindings):
     order = [b.var for b in bindings if isinstance(b, relax.VarBinding)]
     cands = {}
     for v in order:
-        readings = [(p, a, b, an.template(a), an.template(b)) for p, a, b in an.step_candidates(v)]
+        readings = _Readings(an, v)
         if readings:
             cands[v] = readings
 
@@ -187,6 +187,50 @@ def _drop_inner_chains(an, found):
     inner = {id(x) for x in accepted for y in coverers
              if x is not y and all(s in covered[id(y)] for s in x.bindings_vars())}
     return [r for r in found if id(r) not in inner]
+
+
+class _Reading:
+    """A step's reading ``a * p + b``, indexed as ``(p, a, b, template(a), template(b))``; the
+    templates are made on first use: a long chain's steps each have a dozen readings and
+    linking compares one or two of them."""
+    __slots__ = ("p", "a", "b", "_an", "_templates")
+
+    def __init__(self, an, p, a, b):
+        self.p, self.a, self.b, self._an, self._templates = p, a, b, an, None
+
+    def _all(self):
+        if self._templates is None:
+            self._templates = (self._an.template(self.a), self._an.template(self.b))
+        return (self.p, self.a, self.b) + self._templates
+
+    def __getitem__(self, i):
+        return (self.p, self.a, self.b)[i] if isinstance(i, int) and 0 <= i < 3 else self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+
+class _Readings:
+    """A binding's readings as a step (``Analysis.step_candidates``), read as they are iterated:
+    a step of a long chain has a dozen, and linking it reads the first one or two."""
+
+    def __init__(self, an, v):
+        self._an, self._pending, self._got = an, an.step_candidates(v), []
+
+    def __iter__(self):
+        i = 0
+        while i < len(self._got) or self._read_one():
+            yield self._got[i]
+            i += 1
+
+    def __bool__(self):
+        return bool(self._got) or self._read_one()
+
+    def _read_one(self):
+        nxt = next(self._pending, None)
+        if nxt is not None:
+            self._got.append(_Reading(self._an, *nxt))
+        return nxt is not None
 
 
 def _index(reading):

@@ -172,6 +172,7 @@ class Analysis:
         self.position = None                # var -> binding index (made on first use)
         self.not_affine = {}                # step-like var -> (state, NotAffine): why not a step
         self._slices = None                 # (tensor, axis) -> indices it is sliced at (on first use)
+        self._clean = {}                    # hash(var) -> ids of keys that do not read var (mentions)
 
     # -- templates ---------------------------------------------------------------------------
     def template(self, expr):
@@ -249,19 +250,23 @@ class Analysis:
         return self._keys[key_id]
 
     def mentions(self, key, var):
-        """Whether the expression behind ``key`` reads ``var`` (walked without recursion)."""
+        """Whether the expression behind ``key`` reads ``var`` (walked without recursion).  The
+        keys found not to read ``var`` are remembered: a chain step's template holds the chain
+        before it, and every step asks about the same few states."""
+        clean = self._clean.setdefault(hash(var), set())
         stack, seen = [key], set()
         while stack:
             k = stack.pop()
             if isinstance(k, tuple):
                 if k and k[0] == "op":
-                    fresh = [i for i in k[3] if i not in seen]
+                    fresh = [i for i in k[3] if i not in seen and i not in clean]
                     seen.update(fresh)
                     stack.extend(self._keys[i] for i in fresh)
                 else:
                     stack.extend(k)
             elif isinstance(k, Ref) and k.node.same_as(var):
                 return True
+        clean.update(seen)
         return False
 
     # -- steps -------------------------------------------------------------------------------
@@ -277,22 +282,21 @@ class Analysis:
         return self.position
 
     def step_candidates(self, var):
-        """``[(prev, a, b)]`` readings of binding ``var`` as ``a*prev + b`` (``affine.py``)."""
+        """The readings ``(prev, a, b)`` of binding ``var`` as ``a*prev + b`` (``affine.py``),
+        nearest state first, each read when asked for (a chain links by the first)."""
         value = self.value.get(var)
         if op_name(value) not in STEP_OPS or tensor_shape(var) is None:
-            return []
+            return
         self.positions()
-        out = []
         for p in candidates(self.value, var):
             if isinstance(p, tvm.ir.expr.GenericConst) and not self.is_zeros(p):
                 continue
             r = affine_in(self.value, self.position, var, p)
             if isinstance(r, Affine):
                 b = r.off if r.off is not None else relax.const(0.0, tensor_dtype(var))
-                out.append((p, ONE if r.coef is None else r.coef, b))
+                yield p, ONE if r.coef is None else r.coef, b
             elif isinstance(r, NotAffine):
                 self.not_affine.setdefault(var, (p, r))
-        return out
 
     def is_zeros(self, var):
         """True when ``var`` is bound to a tensor of zeros (``full(.., 0)``, ``zeros``, a constant)."""

@@ -11,6 +11,7 @@ through an index map, so a state transposed inside the step and transposed back 
 state itself; the coefficients are carried through the same ops.  A value bound before ``p``
 cannot depend on it, which keeps each reading local to its step.
 """
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,13 @@ def _join(op, x, y):
 
 def _mul(x, y):
     return _join(relax.op.multiply, x, y)
+
+
+@functools.lru_cache(maxsize=64)
+def _const(value, dtype):
+    """One scalar constant node per value and dtype: a reading builds thousands of them, each
+    a tensor made through the FFI (an immutable node is shared safely)."""
+    return relax.const(value, dtype)
 
 
 def _add(x, y):
@@ -147,7 +155,7 @@ def _r_add(_, value, args, reads, shape, dtype, sign=1):
     if isinstance(rx, Affine) and isinstance(ry, Affine):
         if not _same_layout(rx.layout, ry.layout):
             return None
-        one = relax.const(1.0, dtype)
+        one = _const(1.0, dtype)
         cx = one if rx.coef is None else rx.coef
         cy = one if ry.coef is None else ry.coef
         coef = relax.op.add(cx, cy) if sign > 0 else relax.op.subtract(cx, cy)
@@ -155,7 +163,7 @@ def _r_add(_, value, args, reads, shape, dtype, sign=1):
         return Affine(coef, off, rx.layout)
     if isinstance(rx, Affine):
         return Affine(rx.coef, _add(rx.off, y if sign > 0 else relax.op.negative(y)), rx.layout)
-    coef = ry.coef if sign > 0 else (relax.const(-1.0, dtype) if ry.coef is None else relax.op.negative(ry.coef))
+    coef = ry.coef if sign > 0 else (_const(-1.0, dtype) if ry.coef is None else relax.op.negative(ry.coef))
     return Affine(coef, _add(x, ry.off if sign > 0 else _neg(ry.off)), ry.layout)
 
 
@@ -177,20 +185,20 @@ def _r_div(_, value, args, reads, shape, dtype):
     if not isinstance(rx, Affine) or ry is not FREE:
         return None                      # dividing by the state
     div = (lambda e: None if e is None else relax.op.divide(e, y))
-    coef = relax.op.divide(relax.const(1.0, dtype), y) if rx.coef is None else div(rx.coef)
+    coef = relax.op.divide(_const(1.0, dtype), y) if rx.coef is None else div(rx.coef)
     return Affine(coef, div(rx.off), rx.layout)
 
 
 def _r_neg(_, value, args, reads, shape, dtype):
     r = reads[0]
-    return Affine(relax.const(-1.0, dtype) if r.coef is None else relax.op.negative(r.coef), _neg(r.off), r.layout)
+    return Affine(_const(-1.0, dtype) if r.coef is None else relax.op.negative(r.coef), _neg(r.off), r.layout)
 
 
 def _r_where(_, value, args, reads, shape, dtype):
     (cond, x, y), (rc, rx, ry) = args, reads
     if rc is not FREE:
         return None                      # the condition reads the state
-    zero, one = relax.const(0.0, dtype), relax.const(1.0, dtype)
+    zero, one = _const(0.0, dtype), _const(1.0, dtype)
 
     def parts(arg, r):
         if r is FREE:

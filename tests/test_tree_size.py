@@ -103,3 +103,13 @@ def test_a_bounded_chain_is_still_scheduled_into_one_stage(stages, reads):
     out = tvm.runtime.tensor(np.zeros((8, 64), "float32"))
     tvm.compile(sch.mod, target=HOST)["main"](tvm.runtime.tensor(a), out)
     np.testing.assert_allclose(out.numpy(), _reference(stages, reads, a), rtol=1e-6)
+
+
+def test_a_function_of_more_stages_than_the_rules_inline_is_left_as_it_was(caplog):
+    """A linear chain (no growth) of ``MAX_STAGES`` stages is scheduled; one stage more is left
+    to TVM, said on logger ``scanweaver`` (inlining n stages costs TVM ~n**2: an unrolled loop
+    FuseOps put in one function)."""
+    assert ElementwiseCPU().apply(chain(cpu_rule.MAX_STAGES + 1, 1), HOST, False) is not None
+    with caplog.at_level("INFO", logger="scanweaver"):
+        assert ElementwiseCPU().apply(chain(cpu_rule.MAX_STAGES + 2, 1), HOST, False) is None
+    assert f"{cpu_rule.MAX_STAGES + 1} stages" in caplog.text

@@ -4,7 +4,7 @@ pass that tries them in order."""
 import logging
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from .tree_size import inlined_size, tree_size
@@ -18,6 +18,10 @@ LOG = logging.getLogger("scanweaver")
 # (``tree_size``) over GROWTH times larger, plus SLACK nodes, is left to the next rule: none of
 # ours, so as ``tvm.compile`` leaves it, one loop nest a stage.
 GROWTH, SLACK = 8, 4096
+# Each inlining rewrites the function around the stage it inlines, so inlining n stages costs
+# TVM time ~n**2 (a 92-step loop fused into one function by FuseOps, 256 stages: 1.3 s); a
+# function of more stages is left as tvm.compile leaves it.
+MAX_STAGES = 64
 
 
 class GuardedCPURule(CPUScheduleRule):
@@ -125,11 +129,17 @@ _LAST = [None, None]    # the function last judged and its verdict (the rules as
 
 
 def inlines_within_bound(func, rule):
-    """``func`` written out with its stages inlined (``inlined_size``) stays within ``GROWTH``
-    times its size plus ``SLACK``; where not, says so once (logger ``scanweaver``, naming the
-    first ``rule`` that refused it)."""
+    """``func`` has at most ``MAX_STAGES`` stages, and written out with them inlined
+    (``inlined_size``) stays within ``GROWTH`` times its size plus ``SLACK``; where not, says so
+    once (logger ``scanweaver``, naming the first ``rule`` that refused it)."""
     if _LAST[0] is not None and _LAST[0].same_as(func):
         return _LAST[1]
+    stages = len(func.body.block.alloc_buffers) if isinstance(func.body, s_tir.SBlockRealize) else 0
+    if stages > MAX_STAGES:
+        LOG.info("%s (and every CPU rule after it) left a function of %d stages unscheduled "
+                 "(inlining them costs ~n**2; at most %d are inlined)", rule, stages, MAX_STAGES)
+        _LAST[:] = [func, False]
+        return False
     before = tree_size(func)
     inlined = inlined_size(func, before)
     ok = inlined <= GROWTH * before + SLACK

@@ -77,7 +77,7 @@ class DenseCPU(GuardedCPURule):
 
     def _schedule(self, func, tile):  # pylint: disable=too-many-locals
         mr, nr = tile.rows, tile.cols
-        sch = s_tir.Schedule(func)
+        sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         if not _has_root(sch):
             return None
         blocks = sch.get_child_blocks(sch.get_sblock("root"))

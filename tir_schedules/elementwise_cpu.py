@@ -37,7 +37,7 @@ class ElementwiseCPU(GuardedCPURule):
 
 
 def _schedule(func):
-    sch = s_tir.Schedule(func)
+    sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
     infos = normalize_prim_func(sch)
     if not infos:
         return None

@@ -27,7 +27,7 @@ class ShortReductionCPU(GuardedCPURule):
     """Rows in parallel, taps outside, positions inside, epilogue per row."""
 
     def schedule(self, func, target):
-        sch = s_tir.Schedule(func)
+        sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         infos = normalize_prim_func(sch)
         if not infos:
             return None
