@@ -84,6 +84,8 @@ def lowers(func, target):
     by a vectorized init; "IntImm can only take scalar, but boolx16": a vectorized select of
     bf16 values), which would otherwise fail the model's build; such a function is left to the
     next rule (TVM builds it unscheduled)."""
+    func = func.with_attr("global_symbol", "main")     # (a private function is skipped by
+    #                                                    MakePackedAPI, and every pass after it fails)
     mod = tvm.tirx.transform.BindTarget(target.with_host(target))(tvm.IRModule({"main": func}))
     pipeline, finalize_host, _ = tvm.tirx.get_default_tir_pipeline(target)
     try:
