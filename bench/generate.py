@@ -2,7 +2,7 @@
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
     python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
-                             [--scaling 256,1024,4096] [--out bench/out_generate]
+                             [--scaling 256,1024,4096] [--dtype float32] [--out bench/out_generate]
 
 The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
 vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
@@ -12,7 +12,9 @@ steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / 
 the bandwidth floor of a decode step: the bytes of the weights read once per token divided by
 the copy bandwidth measured here (numpy copy of 256 MB, best of 5, in every round next to our
 decode; the best round's).  The tokens are checked
-equal.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
+equal.  ``--dtype bfloat16``: the model cast to bf16 as a bf16 checkpoint loads (ours and
+transformers both run it as given: bf16 weights, float32 states and accumulators; the floor
+counts its bf16 bytes).  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
 executable, medians of ``--rounds``), the last against the first (the target: flat in L).  Writes ``generate.json`` / ``.md`` into ``--out``.
 """
 import argparse
@@ -81,13 +83,14 @@ def main(argv=None):
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scaling", default="256,1024,4096", help="prompt lengths of the prefill scaling ('' skips)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
     cfg = transformers.MambaConfig(vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=args.layers,
                                    expand=2)
-    model = transformers.MambaForCausalLM(cfg).eval()
+    model = transformers.MambaForCausalLM(cfg).to(getattr(torch, args.dtype)).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
     lm = sw.compile_causal_lm(model)
@@ -120,13 +123,14 @@ def main(argv=None):
     hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
     bandwidth = max(rows["bandwidth"])           # the best the machine gave: the strictest floor
     floor_s = weight_bytes(model) / bandwidth
-    result = {"machine": _machine(), "layers": args.layers, "prompt": args.prompt, "new": args.new,
+    result = {"machine": _machine(), "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "rounds": rows, "medians": med,
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
               "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
               "prefill_us_per_token": scaling}
     ours_step = 1e3 / med["ours_decode"]
-    lines = [f"# Generation, HF Mamba at the real width ({args.layers} layers, hidden 768, vocab 50280), CPU", "",
+    lines = [f"# Generation, HF Mamba at the real width ({args.layers} layers, hidden 768, vocab 50280), "
+             f"{args.dtype}, CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
              f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}.",
              "", "| | first token ms | decode tokens/s | decode ms/token |", "|---|---|---|---|",
@@ -143,7 +147,8 @@ def main(argv=None):
             f"{n}: {us:.0f} us" for n, us in sorted(scaling.items()))
             + f"; {last} against {first}: {scaling[last] / scaling[first]:.2f}x."]
     print("\n".join(lines))
-    outputs.write(args.out, "generate", result, "\n".join(lines) + "\n")
+    name = "generate" if args.dtype == "float32" else f"generate_{args.dtype}"
+    outputs.write(args.out, name, result, "\n".join(lines) + "\n")
     return 0 if same else 1
 
 

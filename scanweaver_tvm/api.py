@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 
 import tir_schedules
-from tir_schedules import dense_cpu, fold_constants, gpu_rules
+from tir_schedules import dense_cpu, fold_constants, gpu_rules, widen
 from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.in_place import InPlaceStates
 from relax_pass.lower import LowerScans
@@ -201,7 +201,7 @@ def _legalize_and_fold_at_once(target):
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.LegalizeAndFoldAtOnce")
     def _pass(mod, _ctx):
         with target:
-            mod = tvm.transform.Sequential(cpu.library_dispatch_passes(target)
+            mod = tvm.transform.Sequential([widen.WidenMatmulActivations] + cpu.library_dispatch_passes(target)
                                            + [relax.transform.LegalizeOps()])(mod)
         return fold_constants.fold_constant_calls(mod)
 

@@ -27,6 +27,7 @@ from .cpu_rule import ApplyRules, Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
 from .fold_constants import FoldConstantCalls
 from .short_reduction_cpu import ShortReductionCPU
+from .widen import WidenMatmulActivations
 
 MR = 8
 LANES = 16      # float32 lanes of a 512-bit vector
@@ -300,7 +301,7 @@ def tunable_passes(target):
     the functions MetaSchedule tunes, and finds again in its database when compiling."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
-    return cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    return [WidenMatmulActivations] + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
 
 
 def apply_database(database):

@@ -1,0 +1,52 @@
+"""bf16 / fp16 activations of a float32-accumulating ``matmul`` widened in a kernel of their own.
+
+A bf16 Linear layer imports as ``matmul(x, W, out_dtype="float32")`` with both operands bf16
+(PyTorch's CPU kernels accumulate in float32 too).  Legalized, every multiply-add widens both
+operands; ``dense_cpu``'s tiles read each activation once per column panel, and widening it
+there (a scalar shift per broadcast row value) halved the GEMM's speed.  Widening the
+activations first, ``astype(x, "float32")``, gives them a kernel of their own (an elementwise
+one: parallel, vectorized), and the tiles read float32.  Widening is exact, so nothing a model
+computes changes; the weights (constants) stay narrow: packed once, widened in registers, half
+the bytes a GEMV streams.
+"""
+import tvm
+from tvm import relax
+
+NARROW = ("bfloat16", "float16")
+
+
+def _dtype(expr):
+    return getattr(getattr(expr, "ty", None), "dtype", None)
+
+
+@relax.expr_functor.mutator
+class _Widen(relax.PyExprMutator):
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul" or _dtype(call) != "float32":
+            return call
+        args = [relax.op.astype(a, "float32") if _dtype(a) in NARROW and not self._constant(a)
+                else a for a in call.args]
+        if all(a.same_as(b) for a, b in zip(args, call.args)):
+            return call
+        return relax.op.matmul(args[0], args[1], out_dtype="float32")
+
+    def _constant(self, expr, depth=8):
+        """``expr`` is computed from constants only (a weight, ``permute_dims(W)``): it is
+        folded at compile time, and stays narrow."""
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            return True
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) and depth > 0 else None
+        return isinstance(value, relax.Call) and bool(value.args) and all(
+            self._constant(a, depth - 1) for a in value.args if not isinstance(a, relax.ShapeExpr))
+
+
+@tvm.transform.module_pass(opt_level=0, name="scanweaver.WidenMatmulActivations")
+def WidenMatmulActivations(mod, _ctx):  # pylint: disable=invalid-name
+    """Every ``matmul`` with a float32 result: its bf16 / fp16 operands that are not constants
+    widened by an ``astype`` before it (see the module's docstring)."""
+    widen = _Widen(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            widen.builder_.update_func(gv, widen.visit_expr(func))
+    return widen.builder_.get()
