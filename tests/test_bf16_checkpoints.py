@@ -4,6 +4,7 @@ directory (transformers 5 loads it as bf16, ``dtype="auto"``); greedy tokens equ
 own bf16 ``generate``, and the logits no farther from an fp32 run of the same bf16 weights
 than transformers' bf16 run is."""
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -43,14 +44,33 @@ def _checkpoint(make, path):
     return model
 
 
+def _assert_a_near_tie(family, model, got, want):
+    """Where our greedy token differs from transformers' bf16 one, the two must be a tie within
+    bf16's error: in an fp32 run of the same bf16 weights, on the prefix both agree on, our
+    token's logit is within transformers' own bf16 error (its max over the vocabulary) of the
+    best.  Each such case is reported (a warning naming the family, the step and the margins)."""
+    step = int((got[0] != want[0]).nonzero()[0])
+    prefix = want[:, :step]
+    with torch.no_grad(), torch_kernels():
+        exact = copy.deepcopy(model).float()(prefix).logits[0, -1].double().numpy()
+        theirs = model(prefix).logits[0, -1].double().numpy()
+    error = np.abs(theirs - exact).max()
+    behind = exact.max() - exact[int(got[0, step])]
+    assert behind <= error, (family, step, behind, error)
+    warnings.warn(f"{family}: at position {step} our greedy token {int(got[0, step])} differs from "
+                  f"transformers' bf16 {int(want[0, step])}: a near tie (ours {behind:.4f} behind the best "
+                  f"in fp32, within transformers' bf16 error {error:.4f})")
+
+
 def _prompt(length):
     return torch.randint(3, 60, (1, length), generator=torch.Generator().manual_seed(length))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_bf16_checkpoint_generates_transformers_tokens(family, tmp_path):
-    """Tokens equal transformers' bf16 ``generate``.  The precision kept, on the families with
-    a scan of each kind and attention: against the same bf16 weights run in fp32, our last
+    """Tokens equal transformers' bf16 ``generate`` (or differ at a near tie only:
+    ``_assert_a_near_tie``).  The precision kept, on the families with a scan of each kind and
+    attention: against the same bf16 weights run in fp32, our last
     logits err at most 1.5x what transformers' bf16 run errs (served as float32, as the
     prefill step returns every model's logits)."""
     model = _checkpoint(FAMILIES[family], tmp_path)
@@ -58,7 +78,9 @@ def test_bf16_checkpoint_generates_transformers_tokens(family, tmp_path):
     ids = _prompt(9)
     with torch.no_grad(), torch_kernels():
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
-    assert torch.equal(lm.generate(ids, max_new_tokens=6), want)
+    got = lm.generate(ids, max_new_tokens=6)
+    if not torch.equal(got, want):
+        _assert_a_near_tie(family, model, got, want)
     if family not in ("mamba", "mamba2", "llama", "qwen3_next"):
         return
     ids = _prompt(13)

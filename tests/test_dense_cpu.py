@@ -192,3 +192,32 @@ def test_avx2_tiles_match_pytorch(mcpu):
     mod = sw.from_torch(model, [x])
     got = run_model(mod, [x], target={"kind": "llvm", "mcpu": mcpu})
     assert_outputs_match(got, torch_outputs(model, [x]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mcpu", [None, "znver3"], ids=["host", "avx2"])
+def test_bf16_linear_is_scheduled_with_its_weight_kept_bf16(mcpu):
+    """A bf16 Linear (as a bf16 checkpoint loads): the dense rule schedules it (TVM's bf16
+    legalization accepts the scheduled function), the activations reach the tiles widened to
+    float32 (``widen``), the packed weight stays bf16; the result is the float64 product of
+    the same bf16 values within bf16 rounding (the Linear and the SiLU each round to bf16)."""
+    import ml_dtypes
+
+    torch.manual_seed(3)
+    model = Dense(64, 80, act=torch.nn.functional.silu).to(torch.bfloat16).eval()
+    x = torch.randn(2, 9, 64).to(torch.bfloat16)
+    mod = sw.from_torch(model, [x])
+    target = host_target() if mcpu is None else tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    with target:
+        fused = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
+    dense = [f for g, f in fused.functions_items() if g.name_hint.endswith("_prepacked")]  # (it reads the packed weight)
+    assert len(dense) == 1 and dense[0].attrs["scanweaver.rule"] == "DenseCPU"
+    activation, weight = [p for p in dense[0].params if len(p.ty.shape) in (2, 3)][:2]   # (x, packed W)
+    assert len(activation.ty.shape) == 2 and str(activation.ty.dtype) == "float32"
+    assert len(weight.ty.shape) == 3 and str(weight.ty.dtype) == "bfloat16"
+    vm = relax.VirtualMachine(sw.compile(mod, target), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.float().numpy().astype(ml_dtypes.bfloat16)))
+    got = np.asarray((out[0] if not hasattr(out, "numpy") else out).numpy(), dtype=np.float64)
+    lin = model.lin
+    y = x.double() @ lin.weight.detach().double().T + lin.bias.detach().double()
+    want = torch.nn.functional.silu(y).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() <= 2 ** -7    # bf16 rounding of the output
