@@ -201,7 +201,7 @@ def _legalize_and_fold_at_once(target):
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.LegalizeAndFoldAtOnce")
     def _pass(mod, _ctx):
         with target:
-            mod = tvm.transform.Sequential([widen.WidenMatmulActivations] + cpu.library_dispatch_passes(target)
+            mod = tvm.transform.Sequential(widen.passes(target) + cpu.library_dispatch_passes(target)
                                            + [relax.transform.LegalizeOps()])(mod)
         return fold_constants.fold_constant_calls(mod)
 

@@ -194,30 +194,67 @@ def test_avx2_tiles_match_pytorch(mcpu):
     assert_outputs_match(got, torch_outputs(model, [x]), rtol=1e-5)
 
 
-@pytest.mark.parametrize("mcpu", [None, "znver3"], ids=["host", "avx2"])
+@pytest.mark.parametrize("mcpu", ["znver3", "znver4", "sapphirerapids"])
 def test_bf16_linear_is_scheduled_with_its_weight_kept_bf16(mcpu):
-    """A bf16 Linear (as a bf16 checkpoint loads): the dense rule schedules it (TVM's bf16
-    legalization accepts the scheduled function), the activations reach the tiles widened to
-    float32 (``widen``), the packed weight stays bf16; the result is the float64 product of
-    the same bf16 values within bf16 rounding (the Linear and the SiLU each round to bf16)."""
+    """A bf16 Linear (as a bf16 checkpoint loads) is scheduled by the dense rule (TVM's bf16
+    legalization accepts the scheduled function) with its packed weight in bf16.  AVX2
+    (znver3): the activations reach the tiles widened to float32 (``widen``).  AVX512-BF16
+    (znver4, sapphirerapids): they stay bf16 and the tiles multiply with ``vdpbf16ps``
+    (``bf16_dot``; the weight packed in k pairs), checked in the assembly.  Run where the host
+    has the target's features: within bf16 rounding of the float64 result on the same bf16
+    values (the Linear and the SiLU each round to bf16)."""
     import ml_dtypes
+    from tir_schedules import bf16_dot
 
     torch.manual_seed(3)
     model = Dense(64, 80, act=torch.nn.functional.silu).to(torch.bfloat16).eval()
     x = torch.randn(2, 9, 64).to(torch.bfloat16)
     mod = sw.from_torch(model, [x])
-    target = host_target() if mcpu is None else tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu"})
+    dot = mcpu != "znver3"
+    assert bf16_dot.available(target) == dot
     with target:
         fused = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
     dense = [f for g, f in fused.functions_items() if g.name_hint.endswith("_prepacked")]  # (it reads the packed weight)
     assert len(dense) == 1 and dense[0].attrs["scanweaver.rule"] == "DenseCPU"
-    activation, weight = [p for p in dense[0].params if len(p.ty.shape) in (2, 3)][:2]   # (x, packed W)
-    assert len(activation.ty.shape) == 2 and str(activation.ty.dtype) == "float32"
-    assert len(weight.ty.shape) == 3 and str(weight.ty.dtype) == "bfloat16"
-    vm = relax.VirtualMachine(sw.compile(mod, target), tvm.cpu())
+    activation, weight = [p for p in dense[0].params if len(p.ty.shape) > 1][:2]          # (x, packed W)
+    assert str(activation.ty.dtype) == ("bfloat16" if dot else "float32")
+    assert str(weight.ty.dtype) == "bfloat16" and len(weight.ty.shape) == (4 if dot else 3)
+    ex = sw.compile(mod, target)
+    assert ("vdpbf16ps" in ex.mod.imports[0].inspect_source("asm")) == dot
+    if not bf16_dot.available(host_target()) and dot:
+        return                                        # (compiled and read; this CPU cannot run it)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.float().numpy().astype(ml_dtypes.bfloat16)))
     got = np.asarray((out[0] if not hasattr(out, "numpy") else out).numpy(), dtype=np.float64)
     lin = model.lin
     y = x.double() @ lin.weight.detach().double().T + lin.bias.detach().double()
     want = torch.nn.functional.silu(y).numpy()
-    assert np.abs(got - want).max() / np.abs(want).max() <= 2 ** -7    # bf16 rounding of the output
+    assert np.abs(got - want).max() / np.abs(want).max() <= 2 ** -7
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 63, 40), (5, 33, 96), (3, 768, 64)])
+def test_bf16_dot_on_odd_depths_few_rows_and_ragged_columns(m, k, n):
+    """The vdpbf16ps tiles with an odd k (padded to pairs with zeros), one row (a decode step's
+    GEMV) and columns that are no multiple of the tile: float32 accumulation of the exact bf16
+    products (checked before the output's bf16 rounding: the matmul returns float32)."""
+    import ml_dtypes
+    from tir_schedules import bf16_dot
+
+    torch.manual_seed(k)
+    a, w = torch.randn(m, k).to(torch.bfloat16), torch.randn(k, n).to(torch.bfloat16)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weight = relax.const(tvm.runtime.tensor(w.float().numpy().astype(ml_dtypes.bfloat16)))
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, weight, out_dtype="float32")))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-linux-gnu"})
+    ex = sw.compile(bb.get(), target)
+    assert "vdpbf16ps" in ex.mod.imports[0].inspect_source("asm")
+    if not bf16_dot.available(host_target()):
+        return                                        # (compiled and read; this CPU cannot run it)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(a.float().numpy().astype(ml_dtypes.bfloat16)))
+    want = a.double().numpy() @ w.double().numpy()
+    assert np.abs(got.numpy() - want).max() <= 1e-5 * np.abs(want).max()

@@ -23,11 +23,11 @@ from tvm import relax, s_tir, tirx
 from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
+from . import bf16_dot, widen
 from .cpu_rule import ApplyRules, Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
 from .fold_constants import FoldConstantCalls
 from .short_reduction_cpu import ShortReductionCPU
-from .widen import WidenMatmulActivations
 
 MR = 8
 LANES = 16      # float32 lanes of a 512-bit vector
@@ -74,9 +74,11 @@ class DenseCPU(GuardedCPURule):
     """Register-blocked, vectorized, parallel schedule of a matmul PrimFunc on LLVM targets."""
 
     def schedule(self, func, target):
-        return self._schedule(func, register_tile(target))
+        return self._schedule(func, register_tile(target), bf16_dot.available(target))
 
-    def _schedule(self, func, tile):  # pylint: disable=too-many-locals
+    def _schedule(self, func, tile, dot=False):  # pylint: disable=too-many-locals,too-many-branches,too-many-statements
+        """``dot``: the target has AVX512-BF16; a bf16 x bf16 matmul then multiplies by
+        ``bf16_dot``'s intrinsic (k in pairs, the weight packed in pairs)."""
         mr, nr = tile.rows, tile.cols
         sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         if not _has_root(sch):
@@ -96,17 +98,20 @@ class DenseCPU(GuardedCPURule):
         if not all(isinstance(e, tvm.tirx.IntImm) for e in extents[-2:]):
             return None                            # (rows and batch may be symbolic: B*L)
         static = [int(e) if isinstance(e, tvm.tirx.IntImm) else None for e in extents]
-        rows, cols = (static[-3] if len(extents) > 2 else 1), static[-2]
+        rows, cols, depth = (static[-3] if len(extents) > 2 else 1), static[-2], static[-1]
+        dot = (dot and nr % bf16_dot.LANES == 0 and _bf16_operands(sch.get(mm))   # (a weight: it is
+               and _is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
         tile_rows = mr if rows is None or rows > mr else rows   # (few rows: one tile of them)
-        if rows is None or rows % tile_rows or cols % nr:   # ragged: pad, so no tile needs a predicate
-            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2) + [nr, 1])
+        if rows is None or rows % tile_rows or cols % nr or (dot and depth % 2):   # ragged: pad, so
+            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2)   # no tile needs
+                           + [nr, 2 if dot else 1])                                   # a predicate
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
                 if _reads_weights_only(sch, b, func):
                     continue                       # (the weight's is repacked: _pack_weight)
-                if rows is None:                   # symbolic rows: the copy is kept whole, or
+                if rows is None or dot:            # symbolic rows: the copy is kept whole, or
                     sch.parallel(sch.fuse(*sch.get_loops(b)[:-1]))   # every multiply-add would
                     continue                       # test its row; its rows copied in parallel
-                try:
+                try:                               # (the intrinsic reads plain pairs: kept whole)
                     sch.compute_inline(b)
                 except RuntimeError:
                     pass
@@ -114,14 +119,17 @@ class DenseCPU(GuardedCPURule):
         j = outer.pop()
         i = outer.pop() if outer else None
         jo, ji = sch.split(j, [None, nr])
+        ko, ki = sch.split(k, [None, 2]) if dot else (k, None)
+        jh, jl = sch.split(ji, [None, bf16_dot.LANES]) if dot else (None, ji)
+        inner = [jh, jl, ki] if dot else [ji]
         if i is not None:
             io, ii = sch.split(i, [None, tile_rows])
-            sch.reorder(*outer, jo, io, k, ii, ji)     # the tiles of one B panel in a row
+            sch.reorder(*outer, jo, io, ko, ii, *inner)     # the tiles of one B panel in a row
             tiles = [*outer, jo, io]
         else:
-            sch.reorder(*outer, jo, k, ji)
+            sch.reorder(*outer, jo, ko, *inner)
             tiles, ii = [*outer, jo], None
-        _pack_weight(sch, mm, func, nr)
+        _pack_weight(sch, mm, func, nr, bf16_dot.pairs_layout(nr) if dot else None)
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
         for b in _after(sch, acc):                 # bias, activation: on the tile, while hot
@@ -133,14 +141,28 @@ class DenseCPU(GuardedCPURule):
                 break
         sch.vectorize(sch.get_loops(acc)[-1])
         if rows is None:     # symbolic rows: panels in parallel, row tiles in turn (a fused index
-            sch.parallel(sch.fuse(*tiles[:-1]))   # would divide by L, and the tile's accumulator
+            parallel = sch.fuse(*tiles[:-1])      # would divide by L, and the tile's accumulator
         else:                                     # would not shrink to MR x NR)
-            sch.parallel(sch.fuse(*tiles))
-        sch.vectorize(ji)                          # (before the init is split off: a reduction
+            parallel = sch.fuse(*tiles)
+        sch.parallel(parallel)
+        if dot:
+            sch.unroll(jh)
+        else:
+            sch.vectorize(ji)                      # (before the init is split off: a reduction
         if ii is not None:                         # block may be vectorized, its parts not)
             sch.unroll(ii)
-        sch.decompose_reduction(mm, k)
+        sch.decompose_reduction(mm, ko)
+        if dot:
+            sch.tensorize(jl, bf16_dot.INTRIN)
+            bf16_dot.import_wrapper(sch, parallel)
         return sch
+
+
+def _bf16_operands(block):
+    """``C[..] += float32(A[..]) * float32(B[..])`` with A and B in bf16 (C float32)."""
+    product = block.body.value.b
+    return (str(block.body.buffer.dtype) == "float32" and isinstance(product.a, tirx.Cast)
+            and isinstance(product.b, tirx.Cast) and all(str(r.source.dtype) == "bfloat16" for r in block.reads))
 
 
 def _sole_consumer(sch, block):
@@ -173,7 +195,7 @@ def _reads_weights_only(sch, block, func):
     return all(_is_weight(func, r.source) for r in sch.get(block).reads)
 
 
-def _pack_weight(sch, mm, func, nr):
+def _pack_weight(sch, mm, func, nr, layout=None):
     """Read a weight ``B[..., k, j]`` (a layout-free buffer: a constant or parameter, as
     ``AttachAttrLayoutFreeBuffers`` marks them) in panels ``[..., j // nr, k, j % nr]``, so a
     tile streams its ``k x nr`` panel contiguously instead of touching one page per ``k``.  The
@@ -184,6 +206,8 @@ def _pack_weight(sch, mm, func, nr):
 
     def panels(*i):
         return (*i[:-2], i[-1] // nr, i[-2], i[-1] % nr)
+
+    panels = layout or panels
 
     for index, read in enumerate(block.reads):
         mins = [r.min for r in read.region]
@@ -301,7 +325,7 @@ def tunable_passes(target):
     the functions MetaSchedule tunes, and finds again in its database when compiling."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
-    return [WidenMatmulActivations] + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    return widen.passes(target) + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
 
 
 def apply_database(database):

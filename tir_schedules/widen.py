@@ -7,10 +7,13 @@ there (a scalar shift per broadcast row value) halved the GEMM's speed.  Widenin
 activations first, ``astype(x, "float32")``, gives them a kernel of their own (an elementwise
 one: parallel, vectorized), and the tiles read float32.  Widening is exact, so nothing a model
 computes changes; the weights (constants) stay narrow: packed once, widened in registers, half
-the bytes a GEMV streams.
+the bytes a GEMV streams.  Where the CPU multiplies bf16 itself (AVX512-BF16: ``bf16_dot``),
+the activations stay bf16: its instruction reads them in pairs (``passes``).
 """
 import tvm
 from tvm import relax
+
+from . import bf16_dot
 
 NARROW = ("bfloat16", "float16")
 
@@ -50,3 +53,8 @@ def WidenMatmulActivations(mod, _ctx):  # pylint: disable=invalid-name
         if isinstance(func, relax.Function):
             widen.builder_.update_func(gv, widen.visit_expr(func))
     return widen.builder_.get()
+
+
+def passes(target):
+    """``[WidenMatmulActivations]``, or none where ``target`` multiplies bf16 itself."""
+    return [] if bf16_dot.available(target) else [WidenMatmulActivations]
