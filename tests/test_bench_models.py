@@ -1,6 +1,7 @@
 """bench.models' peers and timing: OpenVINO's runner checks its output against PyTorch's, the
 best peer leaves out a peer that missed its check, and the interleaved timer times a path
 too slow to repeat once."""
+import json
 import time
 
 import numpy as np
@@ -56,3 +57,16 @@ def test_interleaved_times_every_path_and_a_slow_one_once():
     got = models.interleaved({"fast": fast, "slow": slow}, budget_s=0.05, max_rounds=5)
     assert got["slow"]["n"] == 1 and calls["slow"] == 1 and got["slow"]["ms"] >= 60
     assert 3 <= got["fast"]["n"] <= 5 and calls["fast"] == 1 + got["fast"]["n"] * got["fast"]["number"]
+
+
+def test_precision_bench_writes_its_table(tmp_path):
+    """``bench.precision`` on a tiny shape: both precisions timed for ours and PyTorch's, the
+    table written with the CPU and our bf16 path named."""
+    from bench import precision
+
+    assert precision.main(["--shapes", "3x16x32", "--rounds", "2", "--repeat", "1", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "precision.md").read_text()
+    assert "| 3x16x32 |" in table and "our bf16 path:" in table
+    result = json.loads((tmp_path / "precision.json").read_text())
+    assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
+    assert all(len(r["seconds"]["ours"]) == 2 and len(r["seconds"]["eager"]) == 2 for r in result["rows"])
