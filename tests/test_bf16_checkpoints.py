@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import scanweaver_tvm as sw
+from bench.generate import first_difference
 from scanweaver_tvm.causal_lm import torch_kernels
 from test_causal_lm import _family
 from test_causal_lm_hybrids import FAMILIES as HYBRIDS
@@ -46,20 +47,14 @@ def _checkpoint(make, path):
 
 def _assert_a_near_tie(family, model, got, want):
     """Where our greedy token differs from transformers' bf16 one, the two must be a tie within
-    bf16's error: in an fp32 run of the same bf16 weights, on the prefix both agree on, our
-    token's logit is within transformers' own bf16 error (its max over the vocabulary) of the
-    best.  Each such case is reported (a warning naming the family, the step and the margins)."""
-    step = int((got[0] != want[0]).nonzero()[0])
-    prefix = want[:, :step]
-    with torch.no_grad(), torch_kernels():
-        exact = copy.deepcopy(model).float()(prefix).logits[0, -1].double().numpy()
-        theirs = model(prefix).logits[0, -1].double().numpy()
-    error = np.abs(theirs - exact).max()
-    behind = exact.max() - exact[int(got[0, step])]
-    assert behind <= error, (family, step, behind, error)
-    warnings.warn(f"{family}: at position {step} our greedy token {int(got[0, step])} differs from "
-                  f"transformers' bf16 {int(want[0, step])}: a near tie (ours {behind:.4f} behind the best "
-                  f"in fp32, within transformers' bf16 error {error:.4f})")
+    bf16's error (``bench.generate.first_difference``: in an fp32 run of the same bf16 weights,
+    our token is within transformers' own bf16 error of the best).  Each such case is reported
+    (a warning naming the family, the position and the margins)."""
+    d = first_difference(model, got, want)
+    assert d["ours_behind"] <= d["their_error"], (family, d)
+    warnings.warn(f"{family}: at position {d['position']} our greedy token {d['ours']} differs from "
+                  f"transformers' bf16 {d['theirs']}: a near tie (ours {d['ours_behind']:.4f} behind the "
+                  f"best in fp32, theirs {d['theirs_behind']:.4f}; transformers' bf16 error {d['their_error']:.4f})")
 
 
 def _prompt(length):
