@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 from tvm.script import relax as R
 
-from tir_schedules.widen import WidenMatmulActivations
+from tir_schedules.widen import WidenMatmulActivations, widen_matmul_activations
 
 
 @tvm.script.ir_module
@@ -40,9 +40,8 @@ def test_narrow_operands_of_a_float32_matmul_are_widened():
     tvm.ir.assert_structural_equal(after, Expected)
 
 
-def test_a_weight_stays_narrow():
-    """A constant operand, or one computed from constants only (``permute_dims(W)``, as a
-    Linear layer imports), is folded at compile time: widening it would double its bytes."""
+def _linear():
+    """``x @ permute_dims(astype(W))``, W a constant: a Linear layer as it imports."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((4, 8), "bfloat16"))
     w = relax.const(np.ones((16, 8), "float32"))
@@ -51,10 +50,25 @@ def test_a_weight_stays_narrow():
             wt = bb.emit(relax.op.permute_dims(relax.op.astype(w, "bfloat16")))
             out = bb.emit_output(bb.emit(relax.op.matmul(x, wt, out_dtype="float32")))
         bb.emit_func_output(out)
-    after = WidenMatmulActivations(bb.get())
+    return bb.get()
+
+
+def test_a_weight_stays_narrow():
+    """A constant operand, or one computed from constants only (``permute_dims(W)``, as a
+    Linear layer imports), is folded at compile time: widening it would double its bytes."""
+    after = WidenMatmulActivations(_linear())
     calls = []
     relax.analysis.post_order_visit(after["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
     matmul = next(c for c in calls if c.op.name == "relax.matmul")
     assert matmul.args[0].ty.dtype == "float32"            # the activation, widened
     assert matmul.args[1].ty.dtype == "bfloat16"           # the weight, as it was
-    assert matmul.args[1].same_as(wt)
+
+
+def test_with_a_bf16_dot_product_only_products_of_activations_are_widened():
+    """Where the CPU multiplies bf16 pairs (``bf16_dot``), a weight's activations stay bf16;
+    ``Before``'s matmuls have no constant operand, so all of them are widened as before."""
+    after = relax.transform.Normalize()(widen_matmul_activations(with_weights=False)(Before))
+    tvm.ir.assert_structural_equal(after, Expected)
+    linear = _linear()
+    after = widen_matmul_activations(with_weights=False)(linear)
+    tvm.ir.assert_structural_equal(after, linear)

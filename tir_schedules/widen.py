@@ -8,7 +8,8 @@ activations first, ``astype(x, "float32")``, gives them a kernel of their own (a
 one: parallel, vectorized), and the tiles read float32.  Widening is exact, so nothing a model
 computes changes; the weights (constants) stay narrow: packed once, widened in registers, half
 the bytes a GEMV streams.  Where the CPU multiplies bf16 itself (AVX512-BF16: ``bf16_dot``),
-the activations stay bf16: its instruction reads them in pairs (``passes``).
+the activations of a matmul with a weight stay bf16 (its instruction reads them in pairs with
+the packed weight); a product of two activations (attention's scores) is still widened.
 """
 import tvm
 from tvm import relax
@@ -24,12 +25,19 @@ def _dtype(expr):
 
 @relax.expr_functor.mutator
 class _Widen(relax.PyExprMutator):
+    def __init__(self, mod, with_weights):
+        super().__init__(mod)
+        self.with_weights = with_weights     # also widen the activations a weight multiplies
+
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul" or _dtype(call) != "float32":
             return call
-        args = [relax.op.astype(a, "float32") if _dtype(a) in NARROW and not self._constant(a)
-                else a for a in call.args]
+        constant = [self._constant(a) for a in call.args]
+        if any(constant) and not self.with_weights:
+            return call
+        args = [relax.op.astype(a, "float32") if _dtype(a) in NARROW and not c else a
+                for a, c in zip(call.args, constant)]
         if all(a.same_as(b) for a, b in zip(args, call.args)):
             return call
         return relax.op.matmul(args[0], args[1], out_dtype="float32")
@@ -44,17 +52,25 @@ class _Widen(relax.PyExprMutator):
             self._constant(a, depth - 1) for a in value.args if not isinstance(a, relax.ShapeExpr))
 
 
-@tvm.transform.module_pass(opt_level=0, name="scanweaver.WidenMatmulActivations")
-def WidenMatmulActivations(mod, _ctx):  # pylint: disable=invalid-name
-    """Every ``matmul`` with a float32 result: its bf16 / fp16 operands that are not constants
-    widened by an ``astype`` before it (see the module's docstring)."""
-    widen = _Widen(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            widen.builder_.update_func(gv, widen.visit_expr(func))
-    return widen.builder_.get()
+def widen_matmul_activations(with_weights=True):
+    """The pass: every ``matmul`` with a float32 result gets its bf16 / fp16 operands that are
+    not constants widened by an ``astype`` before it; with ``with_weights=False``, only where
+    neither operand is a constant (see the module's docstring)."""
+    @tvm.transform.module_pass(opt_level=0, name="scanweaver.WidenMatmulActivations")
+    def _pass(mod, _ctx):
+        widen = _Widen(mod, with_weights)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                widen.builder_.update_func(gv, widen.visit_expr(func))
+        return widen.builder_.get()
+
+    return _pass
+
+
+WidenMatmulActivations = widen_matmul_activations()
 
 
 def passes(target):
-    """``[WidenMatmulActivations]``, or none where ``target`` multiplies bf16 itself."""
-    return [] if bf16_dot.available(target) else [WidenMatmulActivations]
+    """The widening ``target`` wants: a weight's activations stay bf16 where it multiplies
+    bf16 pairs itself (``bf16_dot``)."""
+    return [widen_matmul_activations(with_weights=not bf16_dot.available(target))]
