@@ -5,8 +5,11 @@
 
 Each shape M x K x N is a ``torch.nn.Linear(K, N)`` on an (M, K) input, in float32 and in bf16
 (bf16 weights and activations, float32 accumulation, a bf16 result: as PyTorch computes it).
-Ours is ``sw.compile`` of that layer.  Per round, ours and PyTorch's (the order alternating),
-each the best of ``--repeat`` calls; the table has the medians over ``--rounds``.  GFLOP/s
+Ours is ``sw.compile`` of that layer.  OpenVINO (``ov.convert_model`` of the float32 layer, CPU
+plugin) runs at f32 and at its default precision on this CPU (bf16 where the CPU has bf16
+instructions; the precision it reports is named), next to our float32 and bf16 rows.  Per
+round, every path (the order rotating) is the best of ``--repeat`` calls; the table has the
+medians over ``--rounds``.  GFLOP/s
 counts 2 M K N; for M = 1 (a decode step's GEMV, bound by reading the weight once) the
 weight's GB/s too.  The CPU's name and features head the table, and our bf16 path is named:
 ``vdpbf16ps`` (AVX512-BF16, ``tir_schedules/bf16_dot.py``) or the weight widened in registers.
@@ -57,6 +60,31 @@ def _runners(shape, dtype):
     return (lambda: vm["main"](arg)), eager
 
 
+def _openvino(shape, hint):
+    """OpenVINO's CPU plugin on the float32 layer, at ``hint`` (None: its default);
+    ``(run, precision it chose)``, or ``(None, why)`` where it fails."""
+    import torch
+
+    try:
+        import openvino as ov
+
+        m, k, n = shape
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(k, n, bias=False).eval()
+        x = torch.randn(m, k)
+        with torch.no_grad():
+            model = ov.convert_model(layer, example_input=(x,))
+        config = {"INFERENCE_NUM_THREADS": os.cpu_count() or 1, "PERFORMANCE_HINT": "LATENCY"}
+        if hint:
+            config["INFERENCE_PRECISION_HINT"] = hint
+        compiled = ov.Core().compile_model(model, "CPU", config)
+        request, feed = compiled.create_infer_request(), [x.numpy()]
+        chosen = compiled.get_property("INFERENCE_PRECISION_HINT")
+        return (lambda: request.infer(feed)), getattr(chosen, "get_type_name", lambda: str(chosen))()
+    except Exception as e:  # pylint: disable=broad-except  (a peer that fails is a cell, not the run)
+        return None, f"failed: {type(e).__name__}"
+
+
 def main(argv=None):
     import torch
     import tvm
@@ -81,13 +109,16 @@ def main(argv=None):
         m, k, n = shape
         for dtype in ("float32", "bfloat16"):
             ours, eager = _runners(shape, dtype)
-            times = {"ours": [], "eager": []}
+            openvino, precision = _openvino(shape, "f32" if dtype == "float32" else None)
+            paths = {"ours": ours, "eager": eager, **({"openvino": openvino} if openvino else {})}
+            times = {name: [] for name in paths}
             for r in range(args.rounds):
-                for name in (("ours", "eager") if r % 2 == 0 else ("eager", "ours")):
-                    times[name].append(_best(ours if name == "ours" else eager, args.repeat))
+                names = list(paths)
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    times[name].append(_best(paths[name], args.repeat))
             med = {name: statistics.median(v) for name, v in times.items()}
             flops, weight = 2 * m * k * n, k * n * (4 if dtype == "float32" else 2)
-            row = {"shape": text, "dtype": dtype, "seconds": times, "median_s": med,
+            row = {"shape": text, "dtype": dtype, "openvino_precision": precision, "seconds": times, "median_s": med,
                    "gflops": {name: flops / s / 1e9 for name, s in med.items()},
                    "weight_GBps": {name: weight / s / 1e9 for name, s in med.items()} if m == 1 else None}
             rows.append(row)
@@ -96,18 +127,23 @@ def main(argv=None):
     lines = [f"# Dense layers at each precision, ours vs PyTorch eager ({torch.__version__}, oneDNN), CPU", "",
              f"{machine['cpu']}, {machine['cores']} cores, features {', '.join(machine['features'])}; "
              f"TVM {tvm.__version__}; our bf16 path: {bf16_path}. Medians of {args.rounds} interleaved rounds, "
-             f"each the best of {args.repeat} calls. GFLOP/s (2 M K N); for M = 1, weight GB/s in brackets.", "",
-             "| M x K x N | ours fp32 | eager fp32 | ours bf16 | eager bf16 | ours bf16 / fp32 | ours / eager, bf16 |",
-             "|---|---|---|---|---|---|---|"]
+             f"each the best of {args.repeat} calls. GFLOP/s (2 M K N); for M = 1, GB/s of "
+             "the weight at the row's precision in brackets; OpenVINO's precision in square brackets.", "",
+             "| M x K x N | ours fp32 | eager fp32 | OpenVINO f32 | ours bf16 | eager bf16 | OpenVINO default "
+             "| ours bf16 / fp32 | ours / eager, bf16 |", "|---|---|---|---|---|---|---|---|---|"]
     for text in args.shapes.split(","):
         f32, b16 = by[(text, "float32")], by[(text, "bfloat16")]
 
         def cell(row, name):
+            if name not in row["gflops"]:
+                return row["openvino_precision"]
             gb = f" ({row['weight_GBps'][name]:.0f} GB/s)" if row["weight_GBps"] else ""
-            return f"{row['gflops'][name]:.0f}{gb}"
+            own = f" [{row['openvino_precision']}]" if name == "openvino" else ""
+            return f"{row['gflops'][name]:.0f}{gb}{own}"
 
-        lines.append(f"| {text} | {cell(f32, 'ours')} | {cell(f32, 'eager')} | {cell(b16, 'ours')} | "
-                     f"{cell(b16, 'eager')} | {f32['median_s']['ours'] / b16['median_s']['ours']:.2f}x | "
+        lines.append(f"| {text} | {cell(f32, 'ours')} | {cell(f32, 'eager')} | {cell(f32, 'openvino')} | "
+                     f"{cell(b16, 'ours')} | {cell(b16, 'eager')} | {cell(b16, 'openvino')} | "
+                     f"{f32['median_s']['ours'] / b16['median_s']['ours']:.2f}x | "
                      f"{b16['median_s']['eager'] / b16['median_s']['ours']:.2f}x |")
     result = {"machine": machine, "bf16_path": bf16_path, "rounds": args.rounds, "repeat": args.repeat, "rows": rows}
     print("\n".join(lines))
