@@ -103,7 +103,7 @@ def main(argv=None):
     torch.set_num_threads(os.cpu_count() or 1)
     machine = _machine()
     bf16_path = "vdpbf16ps" if bf16_dot.available(host_target()) else "bf16 weights widened in registers"
-    rows, lines = [], []
+    rows = []
     for text in args.shapes.split(","):
         shape = tuple(int(v) for v in text.split("x"))
         m, k, n = shape

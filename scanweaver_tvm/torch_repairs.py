@@ -267,15 +267,15 @@ class _Repair(relax.PyExprMutator):
             op = relax.op.cumsum if name == "relax.cumsum" else relax.op.cumprod
             return op(x, call.attrs.axis, "int64", bool(call.attrs.exclusive))
         dtype = tensor_dtype(call)
-        if name in ("relax.nn.layer_norm", "relax.nn.group_norm") and dtype == "bfloat16":
-            wide = [self.builder_.normalize(relax.op.astype(a, "float32")) for a in call.args]
-            norm = relax.Call(call.op, wide, call.attrs)
-            return relax.op.astype(self.builder_.normalize(norm), dtype)
-        if name == "relax.power" and dtype.startswith(("int", "uint", "bfloat")):
-            wide = "float32" if dtype == "bfloat16" else "float64"
-            args = [self.builder_.normalize(relax.op.astype(a, wide)) for a in call.args]
-            return relax.op.astype(self.builder_.normalize(relax.op.power(*args)), dtype)
+        if ((name in ("relax.nn.layer_norm", "relax.nn.group_norm") and dtype == "bfloat16")
+                or (name == "relax.power" and dtype.startswith(("int", "uint", "bfloat")))):
+            return self._computed_wider(call, "float32" if dtype == "bfloat16" else "float64")
         return call
+
+    def _computed_wider(self, call, wide):
+        """``call`` on its operands cast to ``wide``, the result cast back to its dtype."""
+        args = [self.builder_.normalize(relax.op.astype(a, wide)) for a in call.args]
+        return relax.op.astype(self.builder_.normalize(relax.Call(call.op, args, call.attrs)), tensor_dtype(call))
 
     def _take(self, call):
         x, index = call.args

@@ -129,7 +129,7 @@ class DenseCPU(GuardedCPURule):
         else:
             sch.reorder(*outer, jo, ko, *inner)
             tiles, ii = [*outer, jo], None
-        _pack_weight(sch, mm, func, nr, bf16_dot.pairs_layout(nr) if dot else None)
+        _pack_weight(sch, mm, func, (bf16_dot.pairs_layout if dot else panels_layout)(nr))
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
         for b in _after(sch, acc):                 # bias, activation: on the tile, while hot
@@ -195,20 +195,22 @@ def _reads_weights_only(sch, block, func):
     return all(_is_weight(func, r.source) for r in sch.get(block).reads)
 
 
-def _pack_weight(sch, mm, func, nr, layout=None):
+def panels_layout(nr):
+    """A packed weight's index map: ``[..., k, j] -> [..., j // nr, k, j % nr]``."""
+    def panels(*i):
+        return (*i[:-2], i[-1] // nr, i[-2], i[-1] % nr)
+    return panels
+
+
+def _pack_weight(sch, mm, func, layout):
     """Read a weight ``B[..., k, j]`` (a layout-free buffer: a constant or parameter, as
-    ``AttachAttrLayoutFreeBuffers`` marks them) in panels ``[..., j // nr, k, j % nr]``, so a
-    tile streams its ``k x nr`` panel contiguously instead of touching one page per ``k``.  The
+    ``AttachAttrLayoutFreeBuffers`` marks them) through ``layout``: ``panels_layout``, or
+    ``bf16_dot.pairs_layout``, so a tile streams its ``k x nr`` panel contiguously instead of
+    touching one page per ``k``.  The
     repacking block is marked as a layout-rewrite preprocess: ``SplitLayoutRewritePreproc``
     moves it out and ``FoldConstant`` runs it once, at compile time, on constant weights."""
     block = sch.get(mm)
     j_var, k_var = block.iter_vars[-2].var, block.iter_vars[-1].var
-
-    def panels(*i):
-        return (*i[:-2], i[-1] // nr, i[-2], i[-1] % nr)
-
-    panels = layout or panels
-
     for index, read in enumerate(block.reads):
         mins = [r.min for r in read.region]
         if len(mins) < 2 or not (mins[-1].same_as(j_var) and mins[-2].same_as(k_var)):
@@ -221,7 +223,7 @@ def _pack_weight(sch, mm, func, nr, layout=None):
             if len(pads) != 1 or not _reads_weights_only(sch, pads[0], func):
                 continue
             cache = pads[0]
-        sch.transform_layout(cache, ("write", 0), panels, pad_value=0.0)
+        sch.transform_layout(cache, ("write", 0), layout, pad_value=0.0)
         sch.annotate(cache, PREPROC, True)
         return
 
