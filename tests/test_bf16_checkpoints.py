@@ -87,3 +87,27 @@ def test_bf16_checkpoint_generates_transformers_tokens(family, tmp_path):
     assert got.dtype == np.float32
     ours_err, theirs_err = np.abs(got.astype(np.float64) - exact).max(), np.abs(theirs - exact).max()
     assert 0 < theirs_err and ours_err <= 1.5 * theirs_err, (ours_err, theirs_err)
+
+
+def test_bf16_checkpoint_on_the_amx_kernel_generates_the_same_tokens(emulated_amx, monkeypatch, tmp_path):  # pylint: disable=redefined-outer-name
+    """A whole bf16 Mamba whose prefill matmuls (symbolic rows) take the AMX kernel, run through
+    its emulated tile file on this CPU: the same greedy tokens as the build without AMX, and
+    prefill logits equal to float32 rounding (both accumulate the same bf16 products in
+    float32, in another order).  An AMX host runs the native kernel (test_dense_cpu).  (One
+    family: a hybrid's two compiles take 100 s.)"""
+    from scanweaver_core.targets import host_target
+    from tir_schedules import bf16_dot
+
+    if not bf16_dot.available(host_target()):
+        return                       # (the path around the tiles needs AVX512-BF16: Zen 4, Xeon)
+    _checkpoint(FAMILIES["mamba"], tmp_path)
+    ids = _prompt(37)
+    on_amx = sw.compile_causal_lm(str(tmp_path))
+    amx_logits, _ = on_amx.prefill(ids)
+    amx_tokens = on_amx.generate(ids, max_new_tokens=4)
+    assert emulated_amx, "no matmul took the AMX kernel"
+    monkeypatch.undo()
+    plain = sw.compile_causal_lm(str(tmp_path))
+    logits, _ = plain.prefill(ids)
+    assert torch.equal(amx_tokens, plain.generate(ids, max_new_tokens=4))
+    np.testing.assert_allclose(amx_logits.numpy(), logits.numpy(), rtol=1e-4, atol=1e-4 * np.abs(logits.numpy()).max())

@@ -258,3 +258,107 @@ def test_bf16_dot_on_odd_depths_few_rows_and_ragged_columns(m, k, n):
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(a.float().numpy().astype(ml_dtypes.bfloat16)))
     want = a.double().numpy() @ w.double().numpy()
     assert np.abs(got.numpy() - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# --- AMX-BF16 (Sapphire / Emerald / Granite Rapids): 32 x 32 tiles of tdpbf16ps ------------------
+
+SAPPHIRE = {"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu"}
+
+
+def _bf16_dense(rows, k, n, epilogue=False, seed=0):
+    """``x @ W`` (+ b, SiLU with ``epilogue``) for a bf16 ``x`` of ``rows x k`` (``rows`` an int or
+    a ``tirx.Var``) and a bf16 weight, float32 out; the module and its float64 reference."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(n).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, k), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(tvm.runtime.tensor(w)), out_dtype="float32"))
+            if epilogue:
+                y = bb.emit(relax.op.nn.silu(relax.op.add(y, relax.const(b))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+
+    def reference(a):
+        y = a.astype("float64") @ w.astype("float64")
+        return (y + b) / (1 + np.exp(-(y + b))) if epilogue else y
+
+    return bb.get(), reference
+
+
+@pytest.mark.parametrize("rows", [64, 33, tirx.Var("L", "int64"), 1])
+def test_amx_tiles_in_the_assembly_for_prefill_rows(rows):
+    """Compiled for Sapphire Rapids, a bf16 matmul with 32 rows or more, or symbolic rows
+    (prefill), multiplies with AMX (``tdpbf16ps`` on tiles loaded by ``tileloadd``, the tile
+    configuration loaded by ``ldtilecfg``); one row (a decode step's GEMV) keeps ``vdpbf16ps``."""
+    from tir_schedules import amx_bf16
+
+    target = tvm.target.Target(SAPPHIRE)
+    assert amx_bf16.available(target) and not amx_bf16.available(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
+    mod, _ = _bf16_dense(rows, 100, 70, epilogue=True)
+    asm = sw.compile(mod, target).mod.imports[0].inspect_source("asm")
+    amx = not isinstance(rows, int) or rows >= amx_bf16.ROWS
+    for instruction in ("tdpbf16ps", "tileloadd", "tilestored", "ldtilecfg"):
+        assert (instruction in asm) == amx, instruction
+    assert ("vdpbf16ps" in asm) != amx
+
+
+@pytest.mark.parametrize("rows,k,n", [(33, 100, 70), (65, 768, 64), (tirx.Var("L", "int64"), 70, 96)])
+def test_amx_kernel_emulated_matches_float64(emulated_amx, rows, k, n):  # pylint: disable=unused-argument
+    """The AMX kernel's addresses, strides, tile numbering and k-pair layout, run through the
+    emulated tile file on this CPU (it needs AVX512-BF16 for the rest of the path): float32
+    accumulation of exact bf16 products equals float64, for ragged rows, columns and depths
+    (padded to the 32 x 32 x 32 tile), symbolic rows, and a bias + SiLU epilogue."""
+    import ml_dtypes
+    from tir_schedules import bf16_dot
+
+    mod, reference = _bf16_dense(rows, k, n, epilogue=not isinstance(rows, int) or rows == 33)
+    target = host_target()
+    with target:
+        fused = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
+    scripts = [f.script() for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert any("T.alloc_local((T.int64(4), T.int64(16), T.int64(32)), \"bfloat16\")" in s for s in scripts)   # (AMX taken)
+    if not bf16_dot.available(target):
+        return                                        # (scheduled; this CPU cannot run the rest)
+    vm = relax.VirtualMachine(sw.compile(mod, target), tvm.cpu())
+    rng = np.random.default_rng(7)
+    for length in ([rows] if isinstance(rows, int) else [1, 32, 45, 130]):
+        a = rng.standard_normal((length, k)).astype(ml_dtypes.bfloat16)
+        got, want = vm["main"](tvm.runtime.tensor(a)).numpy(), reference(a)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), length
+
+
+def test_amx_runs_natively_where_the_host_has_it():
+    """On an AMX host (Sapphire Rapids and later), the AMX kernel itself: the permission
+    requested by the pipeline, the tiles run, float64 met.  Elsewhere it was compiled and read
+    above, and run emulated."""
+    import ml_dtypes
+    from tir_schedules import amx_bf16
+
+    if not amx_bf16.host_has_amx():
+        return                                        # (this CPU has no AMX: nothing to run)
+    mod, reference = _bf16_dense(tirx.Var("L", "int64"), 256, 96, epilogue=True)
+    ex = sw.compile(mod, host_target())
+    assert "tdpbf16ps" in ex.mod.imports[0].inspect_source("asm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(8)
+    for length in (1, 40, 97):
+        a = rng.standard_normal((length, 256)).astype(ml_dtypes.bfloat16)
+        got, want = vm["main"](tvm.runtime.tensor(a)).numpy(), reference(a)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), length
+
+
+def test_amx_permission_is_granted_or_refused_clearly():
+    """``request_permission`` succeeds on an AMX host and, elsewhere, raises an error that
+    says what was refused and how to compile without AMX (never a SIGILL later)."""
+    from tir_schedules import amx_bf16
+
+    if amx_bf16.host_has_amx():
+        amx_bf16.request_permission()
+        return
+    with pytest.raises(RuntimeError, match=r"AMX.*arch_prctl.*errno \d+.*-amx-bf16"):
+        amx_bf16.request_permission()

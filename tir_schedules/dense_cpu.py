@@ -23,7 +23,7 @@ from tvm import relax, s_tir, tirx
 from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
-from . import bf16_dot, widen
+from . import amx_bf16, bf16_dot, widen
 from .cpu_rule import ApplyRules, Guarded, GuardedCPURule
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
 from .fold_constants import FoldConstantCalls
@@ -74,11 +74,13 @@ class DenseCPU(GuardedCPURule):
     """Register-blocked, vectorized, parallel schedule of a matmul PrimFunc on LLVM targets."""
 
     def schedule(self, func, target):
-        return self._schedule(func, register_tile(target), bf16_dot.available(target))
+        return self._schedule(func, register_tile(target), bf16_dot.available(target), amx_bf16.available(target))
 
-    def _schedule(self, func, tile, dot=False):  # pylint: disable=too-many-locals,too-many-branches,too-many-statements
-        """``dot``: the target has AVX512-BF16; a bf16 x bf16 matmul then multiplies by
-        ``bf16_dot``'s intrinsic (k in pairs, the weight packed in pairs)."""
+    def _schedule(self, func, tile, dot=False, amx=False):  # pylint: disable=too-many-locals,too-many-branches,too-many-statements
+        """``dot``: the target has AVX512-BF16, ``amx``: AMX-BF16.  A bf16 x bf16 product with a
+        weight then multiplies by ``bf16_dot``'s intrinsic (k in pairs), or, with 32 rows or
+        more (prefill), by ``amx_bf16``'s 32 x 32 tiles (k in steps of 32); the weight is
+        packed in pairs for both."""
         mr, nr = tile.rows, tile.cols
         sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         if not _has_root(sch):
@@ -101,17 +103,20 @@ class DenseCPU(GuardedCPURule):
         rows, cols, depth = (static[-3] if len(extents) > 2 else 1), static[-2], static[-1]
         dot = (dot and nr % bf16_dot.LANES == 0 and _bf16_operands(sch.get(mm))   # (a weight: it is
                and _is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
-        tile_rows = mr if rows is None or rows > mr else rows   # (few rows: one tile of them)
-        if rows is None or rows % tile_rows or cols % nr or (dot and depth % 2):   # ragged: pad, so
-            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2)   # no tile needs
-                           + [nr, 2 if dot else 1])                                   # a predicate
+        amx = (dot and amx and nr == amx_bf16.COLS and len(kinds) > 2
+               and (rows is None or rows >= amx_bf16.ROWS))
+        tile_rows = amx_bf16.ROWS if amx else mr if rows is None or rows > mr else rows   # (few rows: one tile)
+        k_step = amx_bf16.STEP if amx else 2 if dot else 1
+        if rows is None or rows % tile_rows or cols % nr or depth % k_step:   # ragged: pad, so no
+            sch.pad_einsum(mm, [1] * (len(kinds) - 3) + [tile_rows] * (len(kinds) > 2)   # tile needs
+                           + [nr, k_step])                                          # a predicate
             for b in sch.get_producers(mm):        # the activations' padded copy: read in place
                 if _reads_weights_only(sch, b, func):
                     continue                       # (the weight's is repacked: _pack_weight)
                 if rows is None or dot:            # symbolic rows: the copy is kept whole, or
                     sch.parallel(sch.fuse(*sch.get_loops(b)[:-1]))   # every multiply-add would
                     continue                       # test its row; its rows copied in parallel
-                try:                               # (the intrinsic reads plain pairs: kept whole)
+                try:                               # (the intrinsics read plain rows: kept whole)
                     sch.compute_inline(b)
                 except RuntimeError:
                     pass
@@ -119,12 +124,15 @@ class DenseCPU(GuardedCPURule):
         j = outer.pop()
         i = outer.pop() if outer else None
         jo, ji = sch.split(j, [None, nr])
-        ko, ki = sch.split(k, [None, 2]) if dot else (k, None)
-        jh, jl = sch.split(ji, [None, bf16_dot.LANES]) if dot else (None, ji)
-        inner = [jh, jl, ki] if dot else [ji]
+        ko, ki = sch.split(k, [None, 2]) if dot and not amx else (k, None)
+        jh, jl = sch.split(ji, [None, bf16_dot.LANES]) if dot and not amx else (None, ji)
+        inner = [ji, ko] if amx else [jh, jl, ki] if dot else [ji]
         if i is not None:
             io, ii = sch.split(i, [None, tile_rows])
-            sch.reorder(*outer, jo, io, ko, ii, *inner)     # the tiles of one B panel in a row
+            if amx:                                        # (one 32 x 32 tile over all of k)
+                sch.reorder(*outer, jo, io, ii, *inner)
+            else:                                          # the tiles of one B panel in a row
+                sch.reorder(*outer, jo, io, ko, ii, *inner)
             tiles = [*outer, jo, io]
         else:
             sch.reorder(*outer, jo, ko, *inner)
@@ -145,6 +153,11 @@ class DenseCPU(GuardedCPURule):
         else:                                     # would not shrink to MR x NR)
             parallel = sch.fuse(*tiles)
         sch.parallel(parallel)
+        if amx:
+            sch.decompose_reduction(mm, ii)
+            sch.tensorize(ii, amx_bf16.intrin(_padded(depth, k_step)))
+            amx_bf16.import_configure(sch, parallel)
+            return sch
         if dot:
             sch.unroll(jh)
         else:
@@ -156,6 +169,10 @@ class DenseCPU(GuardedCPURule):
             sch.tensorize(jl, bf16_dot.INTRIN)
             bf16_dot.import_wrapper(sch, parallel)
         return sch
+
+
+def _padded(n, step):
+    return -(-n // step) * step
 
 
 def _bf16_operands(block):
@@ -313,6 +330,8 @@ def cpu_pipeline(target, after_lowering=(), database=None):
 
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.CPUPipeline")
     def _pipeline(mod, _ctx):
+        if amx_bf16.available(target) and amx_bf16.host_has_amx():
+            amx_bf16.request_permission()       # (its kernels may run in this process)
         with target:
             return tvm.transform.Sequential(
                 tunable_passes(target) + ([apply_database(database)] if database is not None else [])
