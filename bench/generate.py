@@ -2,7 +2,8 @@
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
     python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
-                             [--scaling 256,1024,4096] [--dtype float32] [--out bench/out_generate]
+                             [--scaling 256,1024,4096] [--dtype float32] [--hidden 768]
+                             [--vocab 50280] [--out bench/out_generate]
 
 The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
 vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
@@ -14,7 +15,9 @@ the copy bandwidth measured here (numpy copy of 256 MB, best of 5, in every roun
 decode; the best round's).  The tokens are checked
 equal.  ``--dtype bfloat16``: the model cast to bf16 as a bf16 checkpoint loads (ours and
 transformers both run it as given: bf16 weights, float32 states and accumulators; the floor
-counts its bf16 bytes).  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
+counts its bf16 bytes), next to our float32 build of the same weights in the same rounds.
+OpenVINO's first token (``ov.convert_model`` of the float32 model; its default precision, bf16
+on AVX512-BF16 / AMX CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
 executable, medians of ``--rounds``), the last against the first (the target: flat in L).  Writes ``generate.json`` / ``.md`` into ``--out``.
 """
 import argparse
@@ -22,6 +25,8 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -79,6 +84,62 @@ def first_difference(model, ours, want):
             "their_error": float(np.abs(theirs - exact).max())}
 
 
+def _measure_ours(lm, ids, new, bandwidth=False):
+    """One ``generate``: seconds to the first token, decode tokens/s (and the copy bandwidth
+    measured right after, next to our decode)."""
+    lm.generate(ids, max_new_tokens=new)
+    t = lm.last_timings
+    return {"ttft": t.prefill_s, "decode": t.decode_tokens_per_s, **({"bandwidth": copy_bandwidth()} if bandwidth else {})}
+
+
+@dataclass
+class Peer:
+    """A path timed in the same rounds: its table label and a function returning its timings."""
+    label: str
+    measure: Callable[[], dict]
+
+
+def _peers(model, ids, new):
+    """Our float32 build of the same weights (for a bf16 model), and OpenVINO's first token
+    (``ov.convert_model`` of the float32 model's last logits) at its default precision and at
+    f32 (a failed conversion is said in the label); name -> ``Peer``."""
+    import copy
+
+    import torch
+
+    import scanweaver_tvm as sw
+
+    from .openvino_cpu import compile_openvino
+
+    fp32 = copy.deepcopy(model).float() if model.dtype != torch.float32 else model
+    peers = {}
+    if fp32 is not model:
+        lm32 = sw.compile_causal_lm(fp32)
+        lm32.module()
+        peers["ours_f32"] = Peer("ours, float32 weights", lambda: _measure_ours(lm32, ids, new))
+
+    class LastLogits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = fp32
+
+        def forward(self, input_ids):
+            return self.model(input_ids, use_cache=False).logits[:, -1]
+
+    for hint in (None, "f32"):
+        run, precision = compile_openvino(LastLogits().eval(), (ids,), hint)
+        label = f"OpenVINO {precision}" + (" (its default)" if hint is None else "") + ", first token only"
+        print(label, flush=True)
+        peers[f"openvino_{hint or 'default'}"] = Peer(label, (lambda run=run: {"ttft": _seconds(run)}) if run else None)
+    return peers
+
+
+def _seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def prefill_scaling(lm, lengths, rounds, vocab):
     """Our prefill's microseconds per prompt token at each length (median of ``rounds``)."""
     out = {}
@@ -109,12 +170,14 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scaling", default="256,1024,4096", help="prompt lengths of the prefill scaling ('' skips)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--hidden", type=int, default=768, help="hidden size (the real width's; smaller for a smoke run)")
+    p.add_argument("--vocab", type=int, default=50280)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    cfg = transformers.MambaConfig(vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=args.layers,
-                                   expand=2)
+    cfg = transformers.MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=16,
+                                   num_hidden_layers=args.layers, expand=2)
     model = transformers.MambaForCausalLM(cfg).to(getattr(torch, args.dtype)).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
@@ -133,30 +196,28 @@ def main(argv=None):
     same = torch.equal(ours, want)
     difference = None if same else first_difference(model, ours, want)
     near_tie = difference is not None and difference["ours_behind"] <= difference["their_error"]
-    rows = {"ours_ttft": [], "ours_decode": [], "hf_ttft": [], "hf_total": [], "bandwidth": []}
+    peers = _peers(model, ids, args.new)
+    measure = {"ours": lambda: _measure_ours(lm, ids, args.new, bandwidth=True),
+               "hf": lambda: {"ttft": hf(1)[1], "total": hf(args.new)[1]},
+               **{name: peer.measure for name, peer in peers.items() if peer.measure}}
+    rows = {}
     for i in range(args.rounds):
-        for name in (("ours", "hf") if i % 2 == 0 else ("hf", "ours")):
-            if name == "ours":
-                lm.generate(ids, max_new_tokens=args.new)
-                t = lm.last_timings
-                rows["ours_ttft"].append(t.prefill_s)
-                rows["ours_decode"].append(t.decode_tokens_per_s)
-                rows["bandwidth"].append(copy_bandwidth())     # (next to our decode, each round)
-            else:
-                rows["hf_ttft"].append(hf(1)[1])
-                rows["hf_total"].append(hf(args.new)[1])
+        names = list(measure)
+        for name in names[i % len(names):] + names[:i % len(names)]:   # (interleaved, order rotated)
+            for kind, value in measure[name]().items():
+                rows.setdefault(f"{name}_{kind}", []).append(value)
     med = {k: statistics.median(v) for k, v in rows.items()}
     scaling = prefill_scaling(lm, [int(n) for n in args.scaling.split(",") if n], args.rounds, cfg.vocab_size)
     hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
-    bandwidth = max(rows["bandwidth"])           # the best the machine gave: the strictest floor
+    bandwidth = max(rows["ours_bandwidth"])      # the best the machine gave: the strictest floor
     floor_s = weight_bytes(model) / bandwidth
     result = {"machine": _machine(), "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "first_difference": difference, "rounds": rows, "medians": med,
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
               "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
-              "prefill_us_per_token": scaling}
+              "prefill_us_per_token": scaling, "peers": {name: peer.label for name, peer in peers.items()}}
     ours_step = 1e3 / med["ours_decode"]
-    lines = [f"# Generation, HF Mamba at the real width ({args.layers} layers, hidden 768, vocab 50280), "
+    lines = [f"# Generation, HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab}), "
              f"{args.dtype}, CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
              f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}"
@@ -165,7 +226,9 @@ def main(argv=None):
              f"| ours (compile_causal_lm) | {1e3 * med['ours_ttft']:.1f} | {med['ours_decode']:.1f} | {ours_step:.2f} |",
              f"| transformers generate | {1e3 * med['hf_ttft']:.1f} | {hf_decode:.1f} | {1e3 / hf_decode:.2f} |",
              f"| ratio (ours / transformers) | {med['hf_ttft'] / med['ours_ttft']:.2f}x faster | "
-             f"{med['ours_decode'] / hf_decode:.2f}x | |", "",
+             f"{med['ours_decode'] / hf_decode:.2f}x | |",
+             *(_peer_row(peer.label, name, med) for name, peer in peers.items()), "",
+             *_peer_ratios(med),
              f"Bandwidth floor: {result['weight_MB']:.0f} MB of weights per token at {bandwidth / 1e9:.1f} GB/s "
              f"(numpy copy, best of the rounds) = {1e3 * floor_s:.2f} ms/token; ours is {ours_step / (1e3 * floor_s):.2f}x the floor. "
              f"Compile (prefill + decode): {compile_s:.0f} s."]
@@ -178,6 +241,22 @@ def main(argv=None):
     name = "generate" if args.dtype == "float32" else f"generate_{args.dtype}"
     outputs.write(args.out, name, result, "\n".join(lines) + "\n")
     return 0 if same or near_tie else 1
+
+
+def _peer_row(label, name, med):
+    ttft, decode = med.get(f"{name}_ttft"), med.get(f"{name}_decode")
+    return (f"| {label} | " + (f"{1e3 * ttft:.1f}" if ttft else "-") + " | "
+            + (f"{decode:.1f} | {1e3 / decode:.2f} |" if decode else "- | - |"))
+
+
+def _peer_ratios(med):
+    """Our first token against OpenVINO's, and our decode against our float32 build's."""
+    out = [f"Our first token is {med[key] / med['ours_ttft']:.2f}x faster than OpenVINO's {hint}."
+           for hint, key in (("default", "openvino_default_ttft"), ("f32", "openvino_f32_ttft")) if key in med]
+    if "ours_f32_decode" in med:
+        out.append(f"Our decode is {med['ours_decode'] / med['ours_f32_decode']:.2f}x our float32 build's "
+                   "(the same weights in float32), in the same rounds.")
+    return [" ".join(out)] if out else []
 
 
 def _difference_text(d, near_tie):

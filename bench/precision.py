@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from . import outputs
+from .openvino_cpu import compile_openvino
 
 DEFAULT_SHAPES = "512x768x3072,512x768x50280,1x768x3072,1x768x50280"
 
@@ -61,28 +62,12 @@ def _runners(shape, dtype):
 
 
 def _openvino(shape, hint):
-    """OpenVINO's CPU plugin on the float32 layer, at ``hint`` (None: its default);
-    ``(run, precision it chose)``, or ``(None, why)`` where it fails."""
+    """OpenVINO on the float32 layer at ``hint`` (None: its default): ``(run, precision)``."""
     import torch
 
-    try:
-        import openvino as ov
-
-        m, k, n = shape
-        torch.manual_seed(0)
-        layer = torch.nn.Linear(k, n, bias=False).eval()
-        x = torch.randn(m, k)
-        with torch.no_grad():
-            model = ov.convert_model(layer, example_input=(x,))
-        config = {"INFERENCE_NUM_THREADS": os.cpu_count() or 1, "PERFORMANCE_HINT": "LATENCY"}
-        if hint:
-            config["INFERENCE_PRECISION_HINT"] = hint
-        compiled = ov.Core().compile_model(model, "CPU", config)
-        request, feed = compiled.create_infer_request(), [x.numpy()]
-        chosen = compiled.get_property("INFERENCE_PRECISION_HINT")
-        return (lambda: request.infer(feed)), getattr(chosen, "get_type_name", lambda: str(chosen))()
-    except Exception as e:  # pylint: disable=broad-except  (a peer that fails is a cell, not the run)
-        return None, f"failed: {type(e).__name__}"
+    m, k, n = shape
+    torch.manual_seed(0)
+    return compile_openvino(torch.nn.Linear(k, n, bias=False).eval(), (torch.randn(m, k),), hint)
 
 
 def main(argv=None):

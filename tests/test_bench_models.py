@@ -70,3 +70,21 @@ def test_precision_bench_writes_its_table(tmp_path):
     result = json.loads((tmp_path / "precision.json").read_text())
     assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
     assert all(len(r["seconds"]["ours"]) == 2 and len(r["seconds"]["eager"]) == 2 for r in result["rows"])
+
+
+def test_generate_bench_times_every_peer_in_the_same_rounds(tmp_path):
+    """``bench.generate --dtype bfloat16`` on a tiny Mamba: ours, transformers, our float32 build
+    of the same weights and OpenVINO's first token (default precision and f32) each timed in
+    every round, and the table's rows and ratios written."""
+    from bench import generate
+
+    rc = generate.main(["--dtype", "bfloat16", "--layers", "1", "--hidden", "32", "--vocab", "96", "--prompt", "9",
+                        "--new", "3", "--rounds", "2", "--scaling", "", "--out", str(tmp_path)])
+    assert rc == 0
+    result = json.loads((tmp_path / "generate_bfloat16.json").read_text())
+    for key in ("ours_ttft", "ours_decode", "hf_ttft", "ours_f32_ttft", "ours_f32_decode",
+                "openvino_default_ttft", "openvino_f32_ttft"):
+        assert len(result["rounds"][key]) == 2, key
+    table = (tmp_path / "generate_bfloat16.md").read_text()
+    assert "| ours, float32 weights |" in table and "OpenVINO f32, first token only" in table
+    assert "x our float32 build's" in table and "faster than OpenVINO's default" in table
