@@ -126,8 +126,7 @@ def _peers(model, ids, new):
         def forward(self, input_ids):
             return self.model(input_ids, use_cache=False).logits[:, -1]
 
-    for hint in (None, "f32"):
-        run, precision = compile_openvino(LastLogits().eval(), (ids,), hint)
+    for hint, (run, precision) in compile_openvino(LastLogits().eval(), (ids,), (None, "f32")).items():
         label = f"OpenVINO {precision}" + (" (its default)" if hint is None else "") + ", first token only"
         print(label, flush=True)
         peers[f"openvino_{hint or 'default'}"] = Peer(label, (lambda run=run: {"ttft": _seconds(run)}) if run else None)

@@ -2,11 +2,12 @@
 import os
 
 
-def compile_openvino(module, example, hint=None):
-    """``ov.convert_model`` of ``module`` (float32, traced on the tuple ``example``) compiled for
-    the CPU plugin at ``hint`` (``"f32"``; None: its default, bf16 on AVX512-BF16 / AMX CPUs)
-    with every core, latency mode.  ``(run, the precision it chose)``; ``(None, why)`` where
-    the conversion or the compile fails (a failed peer is a cell of the table, not the run)."""
+def compile_openvino(module, example, hints=(None,)):
+    """``ov.convert_model`` of ``module`` (float32, traced on the tuple ``example``; converted
+    once) compiled for the CPU plugin at each of ``hints`` (``"f32"``; None: its default, bf16
+    on AVX512-BF16 / AMX CPUs) with every core, latency mode.  hint -> ``(run, the precision it
+    chose)``, or ``(None, why)`` where the conversion or the compile fails (a failed peer is a
+    cell of the table, not the run)."""
     import torch
 
     try:
@@ -14,11 +15,18 @@ def compile_openvino(module, example, hint=None):
 
         with torch.no_grad():
             converted = ov.convert_model(module, example_input=example)
+    except Exception as e:  # pylint: disable=broad-except
+        return {hint: (None, f"failed: {type(e).__name__}") for hint in hints}
+    return {hint: _compiled(ov, converted, [x.numpy() for x in example], hint) for hint in hints}
+
+
+def _compiled(ov, converted, feed, hint):
+    try:
         config = {"INFERENCE_NUM_THREADS": os.cpu_count() or 1, "PERFORMANCE_HINT": "LATENCY"}
         if hint:
             config["INFERENCE_PRECISION_HINT"] = hint
         compiled = ov.Core().compile_model(converted, "CPU", config)
-        request, feed = compiled.create_infer_request(), [x.numpy() for x in example]
+        request = compiled.create_infer_request()
         chosen = compiled.get_property("INFERENCE_PRECISION_HINT")
 
         def run():
