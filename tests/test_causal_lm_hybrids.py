@@ -38,6 +38,14 @@ def _qwen3_next():
         shared_expert_intermediate_size=32, layer_types=["linear_attention", "full_attention"]))
 
 
+def _qwen3_5():
+    """Qwen3.5's text model: Gated DeltaNet and gated attention, a dense MLP (no experts)."""
+    return T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(
+        **SMALL, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"]))
+
+
 def _kimi_linear():
     return T.KimiLinearForCausalLM(T.KimiLinearConfig(
         **SMALL, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
@@ -54,6 +62,7 @@ FAMILIES = {
     "jamba": (_jamba, "scanweaver.selective_scan", 1),
     "zamba": (_zamba, "scanweaver.selective_scan", 8),     # 4 layers x 2 mamba heads
     "qwen3_next": (_qwen3_next, "scanweaver.delta_scan", 1),
+    "qwen3_5": (_qwen3_5, "scanweaver.delta_scan", 1),
     "kimi_linear": (_kimi_linear, "scanweaver.delta_scan", 1),
 }
 
