@@ -169,6 +169,41 @@ def test_a_transpose_over_a_symbolic_length_is_tiled_and_right_at_every_length()
         np.testing.assert_array_equal(got, Transpose()(a).numpy())
 
 
+class ToChannelsFirst(torch.nn.Module):
+    """(B, L, C) -> (B, C, L), as a conv's input (the innermost axis becomes the symbolic L)."""
+
+    def forward(self, x):
+        return x.transpose(1, 2) * 2.0
+
+
+class HeadsFirst(torch.nn.Module):
+    """(B, L, H, D) -> (B, H, L, D), as a scan's operands (L symbolic, D innermost throughout)."""
+
+    def forward(self, x):
+        return x.transpose(1, 2) + 1.0
+
+
+@pytest.mark.parametrize("model,shape", [(ToChannelsFirst(), (1, 37, 64)), (HeadsFirst(), (1, 37, 4, 32))],
+                         ids=["transpose", "permute"])
+def test_symbolic_length_layout_changes_are_vectorized(model, shape):
+    """With L symbolic, the loops after it are vectorized apart from it: fused with L, every
+    element would divide its index by L and nothing would be vectorized (Qwen3.5's GDN operands
+    at 4 GB/s).  A transpose whose innermost axis is L vectorizes the static axis (strided
+    writes).  Equal to PyTorch at every length, ragged tiles included."""
+    x = torch.randn(*shape)
+    mod = sw.from_torch(model, [x], dynamic_shapes={"x": {1: "L"}})
+    with AVX2:
+        scheduled = tvm.transform.Sequential(cpu.legalize_passes(AVX2) + [dl.ApplyDefaultSchedule(ElementwiseCPU())])(mod)
+    (func,) = prim_funcs(scheduled).values()
+    assert "T.vectorized(T.int64(16))" in func.script(), func.script()
+    vm = relax.VirtualMachine(sw.compile(mod, "llvm"), tvm.cpu())
+    for length in (1, 16, 17, 300):
+        a = torch.randn(1, length, *shape[2:])
+        got = vm["main"](tvm.runtime.tensor(a.numpy()))
+        got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+        np.testing.assert_array_equal(got, model(a).numpy())
+
+
 class CausalConv(torch.nn.Module):
     """Mamba's depthwise causal conv with its bias, the slice back to L and SiLU."""
 

@@ -15,7 +15,8 @@ all-spatial block is left (or several, each writing one output: a ``split``'s se
 loops are fused, split into an outer loop (parallel once there is enough work) and an inner one
 of ``LANES`` elements (vectorized when it divides the extent).  A block that transposes (its
 innermost axis reads its input along another axis: the (B, D, L) <-> (B, L, D) layout changes
-around convs and scans) is walked in 16 x 16 tiles instead.  Anything else (a reduction, an
+around convs and scans) is walked in 16 x 16 tiles instead.  With a symbolic length L, the
+loops after it are fused and vectorized apart from it (a transpose's: the static axis).  Anything else (a reduction, an
 opaque block, stages that do not inline) returns None.
 """
 from tvm import s_tir, tirx
@@ -59,10 +60,17 @@ def _transposed_iter(sch, info):
     inner = iters[-1].var
     for read in sch.get(info.block_rv).reads:
         index = [r.min for r in read.region]
-        if len(index) < 2 or not any(x.same_as(inner) for x in index[:-1]):
+        if len(index) < 2 or not any(_is_offset(x, inner) for x in index[:-1]):
             continue
         return next((it for it in iters[:-1] if it.var.same_as(index[-1])), None)
     return None
+
+
+def _is_offset(index, var):
+    """``index`` is ``var`` or ``var + c`` (a ``split``'s later sections read at an offset)."""
+    if isinstance(index, tirx.Add) and isinstance(index.b, tirx.IntImm):
+        index = index.a
+    return index.same_as(var)
 
 
 def _tiled_transpose(sch, info):
@@ -83,12 +91,17 @@ def _tiled_transpose(sch, info):
     inner_o, inner_i = sch.split(loops[-1], [None, TILE])
     axis_o, axis_i = sch.split(loops[j], [None, TILE])
     outer = loops[:j] + [axis_o] + loops[j + 1:-1] + [inner_o]
-    sch.reorder(*outer, axis_i, inner_i)
+    if n_inner is None and n_axis is not None and n_axis % TILE == 0:
+        sch.reorder(*outer, inner_i, axis_i)   # (a symbolic innermost axis cannot be vectorized:
+        vector = axis_i                        # the input's rows are, written with a stride:
+    else:                                      # 3-4x faster on (L, 6144) -> (6144, L) bf16)
+        sch.reorder(*outer, axis_i, inner_i)
+        vector = inner_i if n_inner is not None and n_inner % TILE == 0 else None
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     if elements(spans) >= PARALLEL_MIN:
         sch.parallel(fused)
-    if n_inner is not None and n_inner % TILE == 0:
-        sch.vectorize(inner_i)
+    if vector is not None:
+        sch.vectorize(vector)
     return True
 
 
@@ -109,9 +122,18 @@ def _is_param(sch, buffer):
 
 def _parallel_vector_loop(sch, block):
     """Fuse ``block``'s loops into one, split off ``LANES`` (vectorized when they divide it) and
-    run the rest in parallel once there is enough work."""
+    run the rest in parallel once there is enough work.  With a symbolic extent (L), the loops
+    after the last symbolic one are fused apart when ``LANES`` divides them: all in one, every
+    element would divide its index by L to find its place, and nothing could be vectorized."""
     loops = sch.get_loops(block)
     if not loops:
+        return
+    static = _static_suffix(sch, loops)
+    if 0 < static < len(loops):
+        outer = sch.fuse(*loops[:-static]) if len(loops) - static > 1 else loops[0]
+        inner = sch.fuse(*loops[-static:]) if static > 1 else loops[-1]
+        sch.parallel(outer)
+        sch.vectorize(sch.split(inner, [None, LANES])[1])
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = sch.get(fused).extent
@@ -123,3 +145,15 @@ def _parallel_vector_loop(sch, block):
         sch.parallel(outer)
     if size is not None and size % LANES == 0:
         sch.vectorize(inner)
+
+
+def _static_suffix(sch, loops):
+    """How many innermost loops follow the last symbolic one, when ``LANES`` divides the product
+    of their extents; else 0."""
+    extents = [sch.get(loop).extent for loop in loops]
+    count, size = 0, 1
+    for extent in reversed(extents):
+        if not isinstance(extent, tirx.IntImm):
+            break
+        count, size = count + 1, size * int(extent)
+    return count if count < len(loops) and size % LANES == 0 else 0
