@@ -88,3 +88,32 @@ def test_generate_bench_times_every_peer_in_the_same_rounds(tmp_path):
     table = (tmp_path / "generate_bfloat16.md").read_text()
     assert "| ours, float32 weights |" in table and "OpenVINO f32, first token only" in table
     assert "x our float32 build's" in table and "faster than OpenVINO's default" in table
+
+
+def test_prefill_kernel_split_names_each_kernels_kind():
+    """``bench.prefill_kernels``: kernels put in kinds by the names TVM gives fused functions,
+    and a tiny Mamba's prefill timed call by call: its dense layers' FLOPs counted (2 M N K of
+    each matmul), its scan and VM calls found, the kind table's shares summing to the whole."""
+    import torch
+    import transformers
+
+    import scanweaver_tvm as sw
+    from bench import prefill_kernels as pk
+
+    assert pk.kind_of("fused_matmul13_cast51_weights_prepacked") == "dense"
+    assert pk.kind_of("fused_transpose21_cast45") == "layout"
+    assert pk.kind_of("fused_cast52_tir_sigmoid8_multiply36_cast53_multiply37") == "elementwise"
+    assert pk.kind_of("fused_mean5_add18_tir_rsqrt7_multiply33") == "norm"
+    assert pk.kind_of("vm.builtin.alloc_tensor") == "vm" and pk.kind_of("scanweaver_scan") == "scan"
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2)
+    lm = sw.compile_causal_lm(transformers.MambaForCausalLM(config).eval())
+    ids = torch.randint(0, 96, (1, 20))
+    split = pk.kernel_split(lm._build(1)[1], lambda: lm.prefill(ids.numpy()))   # pylint: disable=protected-access
+    kinds = {pk.kind_of(name) for name in split}
+    assert {"dense", "scan", "vm"} <= kinds, split
+    in_proj = 2 * 20 * 32 * 128                         # (L x hidden) @ (hidden x 2 d_inner)
+    assert sum(f for name, (_, _, _, f) in split.items() if pk.kind_of(name) == "dense") >= in_proj
+    table, total = pk.kind_table({"kernels": split, "dense_roof_GFLOPs": 100.0, "copy_GBps": 10.0})
+    shares = [int(line.split("|")[3].strip().rstrip("%")) for line in table[2:] if line.startswith("| ")]
+    assert total > 0 and 97 <= sum(shares) <= 103, table
