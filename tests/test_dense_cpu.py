@@ -362,3 +362,31 @@ def test_amx_permission_is_granted_or_refused_clearly():
         return
     with pytest.raises(RuntimeError, match=r"AMX.*arch_prctl.*errno \d+.*-amx-bf16"):
         amx_bf16.request_permission()
+
+
+@pytest.mark.parametrize("m", [1, 37])
+def test_int8_weight_is_packed_as_int8_and_widened_in_registers(m):
+    """A float32 x int8 matmul (``out_dtype="float32"``: a weight-only quantized Linear before
+    its per-channel scale) is the dense rule's: its weight packed once, still int8 (a quarter of
+    the bytes a GEMV streams), widened in the tile; exact against float64."""
+    rng = np.random.default_rng(m)
+    k, n = 100, 70
+    w = rng.integers(-127, 128, (k, n)).astype("int8")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(w), out_dtype="float32")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    target = host_target()
+    with target:
+        fused = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
+    (dense,) = [f for g, f in fused.functions_items() if g.name_hint.endswith("_prepacked")]
+    assert dense.attrs["scanweaver.rule"] == "DenseCPU"
+    packed = [p for p in dense.params if len(p.ty.shape) == 3]
+    assert len(packed) == 1 and str(packed[0].ty.dtype) == "int8"
+    a = rng.standard_normal((m, k)).astype("float32")
+    got = relax.VirtualMachine(sw.compile(mod, target), tvm.cpu())["main"](tvm.runtime.tensor(a)).numpy()
+    want = a.astype("float64") @ w.astype("float64")
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
