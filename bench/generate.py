@@ -2,8 +2,8 @@
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
     python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
-                             [--scaling 256,1024,4096] [--dtype float32] [--hidden 768]
-                             [--vocab 50280] [--out bench/out_generate]
+                             [--scaling 256,1024,4096] [--dtype float32] [--weights int8]
+                             [--hidden 768] [--vocab 50280] [--out bench/out_generate]
 
 The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
 vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
@@ -16,6 +16,9 @@ decode; the best round's).  The tokens are checked
 equal.  ``--dtype bfloat16``: the model cast to bf16 as a bf16 checkpoint loads (ours and
 transformers both run it as given: bf16 weights, float32 states and accumulators; the floor
 counts its bf16 bytes), next to our float32 build of the same weights in the same rounds.
+``--weights int8``: ours with its dense weights quantized (``compile_causal_lm(weights=)``; the
+floor counts one byte a weight and a float32 scale per channel; tokens may differ from
+transformers', which runs the model as given), next to our float32 build, same rounds.
 OpenVINO's first token (``ov.convert_model`` of the float32 model; its default precision, bf16
 on AVX512-BF16 / AMX CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
 executable, medians of ``--rounds``), the last against the first (the target: flat in L).  Writes ``generate.json`` / ``.md`` into ``--out``.
@@ -47,15 +50,19 @@ def copy_bandwidth(mb=256, repeats=5):
     return 2 * src.nbytes / best
 
 
-def weight_bytes(model):
+def weight_bytes(model, weights=None):
     """Bytes read per decode token: every parameter once (tied lm head and embedding once; the
-    embedding row itself is one row, counted with the head)."""
+    embedding row itself is one row, counted with the head).  ``weights="int8"``: every 2-D
+    weight at one byte a value plus a float32 scale per output channel."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
+        if weights == "int8" and p.dim() == 2:
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            total += p.numel() * p.element_size()
     return total
 
 
@@ -99,8 +106,8 @@ class Peer:
     measure: Callable[[], dict]
 
 
-def _peers(model, ids, new):
-    """Our float32 build of the same weights (for a bf16 model), and OpenVINO's first token
+def _peers(model, ids, new, weights=None):
+    """Our float32 build of the same weights (for a bf16 model, or ours with ``weights``), and OpenVINO's first token
     (``ov.convert_model`` of the float32 model's last logits) at its default precision and at
     f32 (a failed conversion is said in the label); name -> ``Peer``."""
     import copy
@@ -113,7 +120,7 @@ def _peers(model, ids, new):
 
     fp32 = copy.deepcopy(model).float() if model.dtype != torch.float32 else model
     peers = {}
-    if fp32 is not model:
+    if fp32 is not model or weights:
         lm32 = sw.compile_causal_lm(fp32)
         lm32.module()
         peers["ours_f32"] = Peer("ours, float32 weights", lambda: _measure_ours(lm32, ids, new))
@@ -169,6 +176,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scaling", default="256,1024,4096", help="prompt lengths of the prefill scaling ('' skips)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--weights", default=None, choices=[None, "int8"],
+                   help="our weights' format (sw.compile_causal_lm's weights=); transformers runs the model as given")
     p.add_argument("--hidden", type=int, default=768, help="hidden size (the real width's; smaller for a smoke run)")
     p.add_argument("--vocab", type=int, default=50280)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
@@ -180,7 +189,7 @@ def main(argv=None):
     model = transformers.MambaForCausalLM(cfg).to(getattr(torch, args.dtype)).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
-    lm = sw.compile_causal_lm(model)
+    lm = sw.compile_causal_lm(model, weights=args.weights)
     lm.module()
     compile_s = time.perf_counter() - start
     print(f"compiled in {compile_s:.1f} s", flush=True)
@@ -195,7 +204,7 @@ def main(argv=None):
     same = torch.equal(ours, want)
     difference = None if same else first_difference(model, ours, want)
     near_tie = difference is not None and difference["ours_behind"] <= difference["their_error"]
-    peers = _peers(model, ids, args.new)
+    peers = _peers(model, ids, args.new, args.weights)
     measure = {"ours": lambda: _measure_ours(lm, ids, args.new, bandwidth=True),
                "hf": lambda: {"ttft": hf(1)[1], "total": hf(args.new)[1]},
                **{name: peer.measure for name, peer in peers.items() if peer.measure}}
@@ -209,15 +218,15 @@ def main(argv=None):
     scaling = prefill_scaling(lm, [int(n) for n in args.scaling.split(",") if n], args.rounds, cfg.vocab_size)
     hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
     bandwidth = max(rows["ours_bandwidth"])      # the best the machine gave: the strictest floor
-    floor_s = weight_bytes(model) / bandwidth
+    floor_s = weight_bytes(model, args.weights) / bandwidth
     result = {"machine": _machine(), "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "first_difference": difference, "rounds": rows, "medians": med,
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
-              "weight_MB": weight_bytes(model) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
+              "weights": args.weights, "weight_MB": weight_bytes(model, args.weights) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
               "prefill_us_per_token": scaling, "peers": {name: peer.label for name, peer in peers.items()}}
     ours_step = 1e3 / med["ours_decode"]
     lines = [f"# Generation, HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab}), "
-             f"{args.dtype}, CPU", "",
+             f"{args.dtype}" + (f", our weights {args.weights}" if args.weights else "") + ", CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
              f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}"
              + ("." if same else _difference_text(difference, near_tie)),
@@ -237,9 +246,9 @@ def main(argv=None):
             f"{n}: {us:.0f} us" for n, us in sorted(scaling.items()))
             + f"; {last} against {first}: {scaling[last] / scaling[first]:.2f}x."]
     print("\n".join(lines))
-    name = "generate" if args.dtype == "float32" else f"generate_{args.dtype}"
+    name = "_".join(["generate"] + [x for x in (args.dtype if args.dtype != "float32" else None, args.weights) if x])
     outputs.write(args.out, name, result, "\n".join(lines) + "\n")
-    return 0 if same or near_tie else 1
+    return 0 if same or near_tie or args.weights else 1   # (quantized weights: tokens may differ)
 
 
 def _peer_row(label, name, med):

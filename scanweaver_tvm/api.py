@@ -9,6 +9,7 @@ from tir_schedules import dense_cpu, fold_constants, gpu_rules, widen
 from relax_pass.fuse import FuseAffineRecurrences, analyze
 from relax_pass.in_place import InPlaceStates
 from relax_pass.lower import LowerScans
+from relax_pass.quantize_weights import QuantizeWeights
 
 from . import compile_watch
 
@@ -177,13 +178,17 @@ def pipeline(target, realization="tir", database=None):
                                     name="scanweaver")
 
 
-def compile(mod, target="llvm", realization="tir", database=None):  # noqa: A001 (mirrors tvm.compile)
+def compile(mod, target="llvm", realization="tir", database=None, weights=None):  # noqa: A001 (mirrors tvm.compile)
     """Fuse recurrences, lower each scan with ``realization`` for ``target``, then TVM's default
     pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
     ``database``: MetaSchedule records from ``tune``: every scan and (on a CPU) every fused
-    kernel with a record uses its best; the rest are scheduled as without."""
+    kernel with a record uses its best; the rest are scheduled as without.  ``weights``:
+    ``"int8"`` quantizes the constant dense weights (``relax_pass.quantize_weights``: int8 per
+    output channel, the model's precision changed because you asked); None keeps them."""
     target = _target(target)
     passes = [pipeline(target, realization, database)]
+    if weights is not None:
+        passes.append(QuantizeWeights(weights))
     if target.kind.name == "llvm":
         passes.append(_legalize_and_fold_at_once(target))
     seq = tvm.transform.Sequential(passes + [_default_pipeline(target, database)])

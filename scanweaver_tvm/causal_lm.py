@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from relax_pass.quantize_weights import weight_format
+
 from .state_layout import StateLayout, TensorTreeLayout, attributes_restored, held_states, tensor_attributes
 
 
@@ -240,8 +242,10 @@ def _load(model_or_path):
 class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
-    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged"):
-        self.model, self.target, self.prompt_sizes = model, target, prompt_sizes
+    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None):
+        self.model, self.target, self.prompt_sizes, self.weights = model, target, prompt_sizes, weights
+        if weights is not None:
+            weight_format(weights)        # (an unknown format: a clear error now, not at the build)
         self.config = model.config
         self.layout = _layout(model, attention_cache)
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
@@ -255,7 +259,7 @@ class CompiledCausalLM:
         if batch not in self._built:
             first = self.shortest_prompt
             sizes = self.prompt_sizes or (first + 1, first + 3, first + 5)
-            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first)
+            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights)
         return self._built[batch]
 
     @property
@@ -520,7 +524,7 @@ def _as_ids(x):
     return arr
 
 
-def _compile(model, layout, batch, target, prompt_sizes, shortest):
+def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None):
     """Import both steps at batch ``batch`` (prefill over a symbolic prompt length ``L`` of at
     least ``shortest``, traced at ``prompt_sizes``), merge them into one IRModule, compile it."""
     import torch
@@ -561,7 +565,7 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest):
             mod[new] = func
     if spec:
         mod = paged.add_create_function(mod, spec, target)
-    vm = relax.VirtualMachine(sw_compile(mod, target), tvm.cpu())
+    vm = relax.VirtualMachine(sw_compile(mod, target, weights=weights), tvm.cpu())
     return mod, vm
 
 
@@ -582,12 +586,13 @@ def _empty(slot, batch, seen=0):
     return shape[:2] + (seen,) + shape[3:] if slot.grows else shape
 
 
-def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged"):
+def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None):
     """A transformers causal LM (an object, or a checkpoint directory for
     ``from_pretrained``) as ``CompiledCausalLM``: ``prefill``, ``decode`` and ``generate``,
     compiled on first use for each batch size.  ``prompt_sizes``: the prompt lengths traced to
     generalize ``L`` (``from_torch``'s ``trace_sizes``).  ``attention_cache``: "paged" (TVM's
     paged KV cache where its kernels fit the model's attention layers, else tensors; the
     reason is ``layout.not_paged``) or "tensors" (each decode returns the caches one position
-    longer: a copy per token)."""
-    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache)
+    longer: a copy per token).  ``weights``: ``"int8"`` quantizes the dense layers' weights
+    (``sw.compile``'s ``weights``); None keeps the model's."""
+    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights)

@@ -34,8 +34,8 @@ class _Widen(relax.PyExprMutator):
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.matmul" or _dtype(call) != "float32":
             return call
         constant = [self._constant(a) for a in call.args]
-        if any(constant) and not self.with_weights:
-            return call
+        if any(constant) and not self.with_weights and all(_dtype(a) in NARROW for a in call.args):
+            return call                      # (bf16 pairs for bf16_dot; an int8 weight is not)
         args = [relax.op.astype(a, "float32") if _dtype(a) in NARROW and not c else a
                 for a, c in zip(call.args, constant)]
         if all(a.same_as(b) for a, b in zip(args, call.args)):
@@ -54,8 +54,9 @@ class _Widen(relax.PyExprMutator):
 
 def widen_matmul_activations(with_weights=True):
     """The pass: every ``matmul`` with a float32 result gets its bf16 / fp16 operands that are
-    not constants widened by an ``astype`` before it; with ``with_weights=False``, only where
-    neither operand is a constant (see the module's docstring)."""
+    not constants widened by an ``astype`` before it; with ``with_weights=False``, not where
+    a bf16 / fp16 constant multiplies them (``bf16_dot``'s pairs; an int8 weight's activations
+    are widened: see the module's docstring)."""
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.WidenMatmulActivations")
     def _pass(mod, _ctx):
         widen = _Widen(mod, with_weights)
