@@ -54,3 +54,28 @@ def test_bf16_checkpoint_model_builds_for_cuda():
     assert "scanweaver_scan" in source and "nv_bfloat16* __restrict__" in source
     report = cuda_check.ptxas(cuda_check.ptx(source))
     assert report.spill_stores == 0 and report.spill_loads == 0, report.text
+
+
+def test_int8_weights_build_for_cuda():
+    """``weights="int8"`` for a CUDA target: the dense kernels read the int8 weights on the
+    device (``signed char`` buffers, DLight's rules), and ptxas accepts the module without spills."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2)
+    model = transformers.MambaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, use_cache=False).logits
+
+    mod = sw.from_torch(Logits(), [torch.randint(0, 96, (2, 16))])
+    source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights="int8").mod))
+    assert "scanweaver_scan" in source and "signed char* __restrict__" in source
+    report = cuda_check.ptxas(cuda_check.ptx(source))
+    assert report.spill_stores == 0 and report.spill_loads == 0, report.text
