@@ -29,16 +29,15 @@ def test_model_builds_for_cuda(factory, kwargs, form):
     assert report.shared_bytes <= 48 * 1024, report.text
 
 
-def test_bf16_checkpoint_model_builds_for_cuda():
-    """A bf16 HF Mamba (``.to(torch.bfloat16)``, as a bf16 checkpoint loads) compiles for sm_90:
-    its projections and norms stay bf16 on the device (``nv_bfloat16`` buffers), the scans take
-    the fp32 operands transformers' slow path gives them, and ptxas accepts it without spills."""
+def _hf_mamba_logits(layers, dtype_name="float32"):
+    """A tiny HF Mamba in ``dtype_name`` (as a checkpoint of that dtype loads), its logits
+    imported: the Relax module."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2)
-    model = transformers.MambaForCausalLM(config).eval().to(torch.bfloat16)
+    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=layers, expand=2)
+    model = transformers.MambaForCausalLM(config).eval().to(getattr(torch, dtype_name))
 
     class Logits(torch.nn.Module):
         def __init__(self):
@@ -48,34 +47,29 @@ def test_bf16_checkpoint_model_builds_for_cuda():
         def forward(self, ids):
             return self.model(ids, use_cache=False).logits
 
-    mod = sw.from_torch(Logits(), [torch.randint(0, 96, (2, 16))])
+    return sw.from_torch(Logits(), [torch.randint(0, 96, (2, 16))])
+
+
+def _ptxas_clean(source):
+    report = cuda_check.ptxas(cuda_check.ptx(source))
+    assert report.spill_stores == 0 and report.spill_loads == 0, report.text
+
+
+def test_bf16_checkpoint_model_builds_for_cuda():
+    """A bf16 HF Mamba (``.to(torch.bfloat16)``, as a bf16 checkpoint loads) compiles for sm_90:
+    its projections and norms stay bf16 on the device (``nv_bfloat16`` buffers), the scans take
+    the fp32 operands transformers' slow path gives them, and ptxas accepts it without spills."""
+    mod = _hf_mamba_logits(2, "bfloat16")
     assert [r.form for r in sw.find_recurrences(mod)] == ["selective", "selective"]
     source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90).mod))
     assert "scanweaver_scan" in source and "nv_bfloat16* __restrict__" in source
-    report = cuda_check.ptxas(cuda_check.ptx(source))
-    assert report.spill_stores == 0 and report.spill_loads == 0, report.text
+    _ptxas_clean(source)
 
 
 def test_int8_weights_build_for_cuda():
     """``weights="int8"`` for a CUDA target: the dense kernels read the int8 weights on the
     device (``signed char`` buffers, DLight's rules), and ptxas accepts the module without spills."""
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2)
-    model = transformers.MambaForCausalLM(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(ids, use_cache=False).logits
-
-    mod = sw.from_torch(Logits(), [torch.randint(0, 96, (2, 16))])
+    mod = _hf_mamba_logits(1)
     source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights="int8").mod))
     assert "scanweaver_scan" in source and "signed char* __restrict__" in source
-    report = cuda_check.ptxas(cuda_check.ptx(source))
-    assert report.spill_stores == 0 and report.spill_loads == 0, report.text
+    _ptxas_clean(source)
