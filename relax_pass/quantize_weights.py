@@ -15,6 +15,7 @@ A weight read as ``permute_dims`` of a constant (how ``nn.Linear`` imports befor
 folding) is taken too.  Embeddings (``take``) keep their precision.
 """
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -27,15 +28,24 @@ FLOATS = ("float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """A weight-only format: ``bits`` per weight, scales per output channel (``group`` None) or
-    per ``group`` consecutive inputs, symmetric or with zero points."""
+    """A weight-only format: its name, the bits a weight takes and how it is quantized (a
+    ``(K, N)`` float array to ``(Wq, scale per column)``)."""
     name: str
     bits: int
-    group: int = None
-    symmetric: bool = True
+    quantize: Callable
 
 
-FORMATS = {"int8": WeightFormat("int8", 8)}
+def quantize_int8(weight):
+    """``(Wq, scale)`` for a (K, N) float array: int8 in [-127, 127], one float32 scale per
+    column (an all-zero column gets scale 1)."""
+    w = np.asarray(weight, dtype=np.float64)
+    scale = np.abs(w).max(axis=0) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+FORMATS = {"int8": WeightFormat("int8", 8, quantize_int8)}
 
 
 def weight_format(spec):
@@ -55,16 +65,6 @@ class QuantizeReport:
     weights: list = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
-
-
-def quantize_int8(weight):
-    """``(Wq, scale)`` for a (K, N) float array: int8 in [-127, 127], one float32 scale per
-    column (an all-zero column gets scale 1)."""
-    w = np.asarray(weight, dtype=np.float64)
-    scale = np.abs(w).max(axis=0) / 127.0
-    scale[scale == 0] = 1.0
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-    return q, scale.astype(np.float32)
 
 
 def _constant_weight(expr, lookup):
@@ -101,7 +101,7 @@ class _Quantize(relax.PyExprMutator):
         weight = _constant_weight(call.args[1], self.lookup_binding)
         if weight is None or min(weight.shape) < MIN_SIDE:
             return call
-        q, scale = quantize_int8(weight)
+        q, scale = self.fmt.quantize(weight)
         out_dtype = str(call.ty.dtype)
         y = relax.op.matmul(call.args[0], relax.const(q), out_dtype="float32")
         y = relax.op.multiply(y, relax.const(scale))

@@ -240,8 +240,8 @@ def _pack_weight(sch, mm, func, layout):
             if len(pads) != 1 or not _reads_weights_only(sch, pads[0], func):
                 continue
             cache = pads[0]
-        zero = 0 if tvm.DataType(str(read.source.dtype)).type_code == tvm.DataTypeCode.INT else 0.0
-        sch.transform_layout(cache, ("write", 0), layout, pad_value=zero)   # (an int8 weight: 0)
+        zero = 0 if "int" in str(read.source.dtype) else 0.0      # (an int8 weight pads with 0)
+        sch.transform_layout(cache, ("write", 0), layout, pad_value=zero)
         sch.annotate(cache, PREPROC, True)
         return
 

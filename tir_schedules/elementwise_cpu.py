@@ -16,8 +16,8 @@ loops are fused, split into an outer loop (parallel once there is enough work) a
 of ``LANES`` elements (vectorized when it divides the extent).  A block that transposes (its
 innermost axis reads its input along another axis: the (B, D, L) <-> (B, L, D) layout changes
 around convs and scans) is walked in 16 x 16 tiles instead.  With a symbolic length L, the
-loops after it are fused and vectorized apart from it (a transpose's: the static axis).  Anything else (a reduction, an
-opaque block, stages that do not inline) returns None.
+loops after it are fused and vectorized apart from it (a transpose's: the static axis).
+Anything else (a reduction, an opaque block, stages that do not inline) returns None.
 """
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
