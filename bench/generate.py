@@ -12,16 +12,17 @@ prefill call; transformers: ``generate(max_new_tokens=1)``), decode tokens/s (ou
 steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / (new - 1)), and
 the bandwidth floor of a decode step: the bytes of the weights read once per token divided by
 the copy bandwidth measured here (numpy copy of 256 MB, best of 5, in every round next to our
-decode; the best round's).  The tokens are checked
-equal.  ``--dtype bfloat16``: the model cast to bf16 as a bf16 checkpoint loads (ours and
-transformers both run it as given: bf16 weights, float32 states and accumulators; the floor
-counts its bf16 bytes), next to our float32 build of the same weights in the same rounds.
-``--weights int8``: ours with its dense weights quantized (``compile_causal_lm(weights=)``; the
-floor counts one byte a weight and a float32 scale per channel; tokens may differ from
-transformers', which runs the model as given), next to our float32 build, same rounds.
-OpenVINO's first token (``ov.convert_model`` of the float32 model; its default precision, bf16
-on AVX512-BF16 / AMX CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
-executable, medians of ``--rounds``), the last against the first (the target: flat in L).  Writes ``generate.json`` / ``.md`` into ``--out``.
+decode; the best round's).  The tokens are checked equal.  ``--dtype bfloat16``: the model
+cast to bf16 as a bf16 checkpoint loads (ours and transformers both run it as given: bf16
+weights, float32 states and accumulators; the floor counts its bf16 bytes), next to our float32
+build of the same weights in the same rounds.  ``--weights int8``: ours with its dense weights
+quantized (``compile_causal_lm(weights=)``; the floor counts one byte a weight and a float32
+scale per channel; tokens may differ from transformers', which runs the model as given), next
+to our float32 build, same rounds.  OpenVINO's first token (``ov.convert_model`` of the float32
+model; its default precision, bf16 on AVX512-BF16 / AMX CPUs, and f32) is timed in the same
+rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
+executable, medians of ``--rounds``), the last against the first (the target: flat in L).
+Writes ``generate.json`` / ``.md`` into ``--out``.
 """
 import argparse
 import os
@@ -107,9 +108,9 @@ class Peer:
 
 
 def _peers(model, ids, new, weights=None):
-    """Our float32 build of the same weights (for a bf16 model, or ours with ``weights``), and OpenVINO's first token
-    (``ov.convert_model`` of the float32 model's last logits) at its default precision and at
-    f32 (a failed conversion is said in the label); name -> ``Peer``."""
+    """Our float32 build of the same weights (for a bf16 model, or ours with ``weights``), and
+    OpenVINO's first token (``ov.convert_model`` of the float32 model's last logits) at its
+    default precision and at f32 (a failed conversion is said in the label); name -> ``Peer``."""
     import copy
 
     import torch
