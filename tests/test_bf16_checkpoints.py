@@ -16,7 +16,7 @@ from bench.generate import first_difference
 from scanweaver_tvm.causal_lm import torch_kernels
 from test_causal_lm import _family
 from test_causal_lm_hybrids import FAMILIES as HYBRIDS
-from test_causal_lm_hybrids import _recurrent_gemma
+from test_causal_lm_hybrids import _qwen3_5, _recurrent_gemma
 
 T = transformers
 
@@ -33,7 +33,7 @@ def _llama():
 
 FAMILIES = {"mamba": _mamba, "llama": _llama, "falcon_mamba": lambda: _family("falcon_mamba")[0],
             "mamba2": lambda: _family("mamba2")[0], "xlstm": lambda: _family("xlstm")[0],
-            "rwkv": lambda: _family("rwkv")[0], "recurrent_gemma": _recurrent_gemma,
+            "rwkv": lambda: _family("rwkv")[0], "recurrent_gemma": _recurrent_gemma, "qwen3_5": _qwen3_5,
             **{name: make for name, (make, _, _) in HYBRIDS.items()}}
 
 

@@ -39,7 +39,9 @@ def _qwen3_next():
 
 
 def _qwen3_5():
-    """Qwen3.5's text model: Gated DeltaNet and gated attention, a dense MLP (no experts)."""
+    """Qwen3.5's text model: Gated DeltaNet and gated attention, a dense MLP (no experts).  Its
+    test is its bf16 checkpoint's (test_bf16_checkpoints; Qwen3-Next covers the same layers in
+    float32 here, and a second one would add 50 s)."""
     return T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(
         **SMALL, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -62,7 +64,6 @@ FAMILIES = {
     "jamba": (_jamba, "scanweaver.selective_scan", 1),
     "zamba": (_zamba, "scanweaver.selective_scan", 8),     # 4 layers x 2 mamba heads
     "qwen3_next": (_qwen3_next, "scanweaver.delta_scan", 1),
-    "qwen3_5": (_qwen3_5, "scanweaver.delta_scan", 1),
     "kimi_linear": (_kimi_linear, "scanweaver.delta_scan", 1),
 }
 

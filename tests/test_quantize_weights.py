@@ -1,6 +1,8 @@
 """Weight-only int8 (``weights="int8"``): each constant dense weight quantized per output channel
 once at compile time, kept int8 through the CPU pipeline (packed, widened in registers), the
 result equal to the dequantized layer's and close to the float model's."""
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from tvm.ir.expr import GenericConst
 import scanweaver_tvm as sw
 from relax_pass.quantize_weights import QuantizeWeights, quantize_int8, quantize_weights
 from scanweaver_core.targets import host_target
+from scanweaver_tvm.causal_lm import torch_kernels
+from test_causal_lm import _family
+from test_causal_lm_hybrids import FAMILIES as HYBRIDS
 from tir_schedules import dense_cpu
 
 
@@ -94,28 +99,47 @@ def test_an_unknown_format_is_a_clear_error():
         sw.compile_causal_lm(model, weights="int3")
 
 
-def test_int8_mamba_generates_and_agrees_with_float32():
-    """A tiny HF Mamba compiled with int8 weights generates; fed the float32 model's greedy
-    tokens (teacher forcing), its next-token choice agrees at 95% of the positions or more
-    over a set of prompts, and its logits stay within a few percent of float32's."""
+def _mamba():
+    return transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=64, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2))
+
+
+FAMILIES = {"mamba": _mamba, "mamba2": lambda: _family("mamba2")[0], "qwen3_next": HYBRIDS["qwen3_next"][0]}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_int8_model_generates_and_agrees_with_float32(family):
+    """A tiny model of each kind (selective, Mamba-2's matrix scan, Gated DeltaNet with gated
+    attention and experts) compiled with int8 weights generates; fed transformers' float32
+    greedy tokens (teacher forcing), its logits stay within 5% of float32's, and its next-token
+    choice is float32's at 90% of the positions or more, every other choice a near tie (a
+    token whose float32 logit is within that position's int8 error of the best: random tiny
+    models have many; each is reported)."""
     torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=128, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2)
-    model = transformers.MambaForCausalLM(config).eval()
-    fp32, int8 = sw.compile_causal_lm(model), sw.compile_causal_lm(model, weights="int8")
-    agree, total, worst = 0, 0, 0.0
-    for seed in range(4):
-        ids = torch.randint(3, 128, (1, 7 + seed), generator=torch.Generator().manual_seed(seed))
-        tokens = fp32.generate(ids, max_new_tokens=8)
-        logits, states = int8.prefill(ids.numpy())
-        want, _ = fp32.prefill(ids.numpy())
-        for step in range(8):
-            got_row, want_row = logits.numpy()[0], want.numpy()[0]
-            worst = max(worst, np.abs(got_row - want_row).max() / np.abs(want_row).max())
-            agree += int(got_row.argmax() == int(tokens[0, ids.shape[1] + step]))
+    model = FAMILIES[family]().eval()
+    lm = sw.compile_causal_lm(model, weights="int8")
+    agree, ties, total, worst = 0, [], 0, 0.0
+    for seed in range(3):
+        ids = torch.randint(3, 60, (1, 6 + seed), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad(), torch_kernels():
+            tokens = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+            want = model(tokens).logits[0].double().numpy()         # (every position's, float32)
+        logits, states = lm.prefill(ids.numpy(), max_length=tokens.shape[1] + 1)
+        for position in range(ids.shape[1] - 1, tokens.shape[1] - 1):
+            got, best = logits.numpy()[0].astype(np.float64), want[position]
+            error = np.abs(got - best).max()
+            worst = max(worst, error / np.abs(best).max())
             total += 1
-            nxt = tokens[0, ids.shape[1] + step].reshape(1)
-            logits, states = int8.decode(nxt.numpy(), states)
-            want, _ = fp32.prefill(tokens[:, :ids.shape[1] + step + 1].numpy())
-    assert agree >= 0.95 * total, (agree, total)
-    assert worst <= 0.05, worst
-    assert int8.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4).shape == (1, 7)
+            if got.argmax() == int(tokens[0, position + 1]):
+                agree += 1
+            else:
+                behind = best.max() - best[got.argmax()]
+                assert behind <= error, (family, position, behind, error)
+                ties.append((seed, position, round(float(behind), 5), round(float(error), 5)))
+            logits, states = lm.decode(tokens[:, position + 1].numpy(), states)
+    assert worst <= 0.05, (family, worst)
+    assert agree >= 0.9 * total, (family, agree, total, ties)
+    if ties:
+        warnings.warn(f"{family} int8: {len(ties)} of {total} next tokens differ from float32's, each a near tie "
+                      f"(seed, position, behind the best, int8 error there): {ties}")
+    assert lm.generate(ids, max_new_tokens=3).shape == (1, ids.shape[1] + 3)
