@@ -117,6 +117,7 @@ def _peers(model, ids, new, weights=None):
 
     import scanweaver_tvm as sw
 
+    from .models import logits_module
     from .openvino_cpu import compile_openvino
 
     fp32 = copy.deepcopy(model).float() if model.dtype != torch.float32 else model
@@ -126,15 +127,7 @@ def _peers(model, ids, new, weights=None):
         lm32.module()
         peers["ours_f32"] = Peer("ours, float32 weights", lambda: _measure_ours(lm32, ids, new))
 
-    class LastLogits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = fp32
-
-        def forward(self, input_ids):
-            return self.model(input_ids, use_cache=False).logits[:, -1]
-
-    for hint, (run, precision) in compile_openvino(LastLogits().eval(), (ids,), (None, "f32")).items():
+    for hint, (run, precision) in compile_openvino(logits_module(fp32, last=True), (ids,), (None, "f32")).items():
         label = f"OpenVINO {precision}" + (" (its default)" if hint is None else "") + ", first token only"
         print(label, flush=True)
         peers[f"openvino_{hint or 'default'}"] = Peer(label, (lambda run=run: {"ttft": _seconds(run)}) if run else None)

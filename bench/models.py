@@ -104,8 +104,9 @@ def make_model(name, length):
     raise ValueError(name)
 
 
-def _logits(lm):
-    """``lm(input_ids).logits`` as a module (what users time)."""
+def logits_module(lm, last=False):
+    """``lm(input_ids).logits`` as a module (what users time, and what peers convert); with
+    ``last``, the last position's only (a first token)."""
     import torch
 
     class Logits(torch.nn.Module):
@@ -114,7 +115,8 @@ def _logits(lm):
             self.lm = lm
 
         def forward(self, input_ids):
-            return self.lm(input_ids, use_cache=False).logits
+            logits = self.lm(input_ids, use_cache=False).logits
+            return logits[:, -1] if last else logits
 
     return Logits().eval()
 
@@ -134,7 +136,7 @@ def hf_mamba2(length, layers=2, batch=1):
     torch.manual_seed(0)
     cfg = Mamba2Config(hidden_size=768, num_heads=24, head_dim=64, expand=2, state_size=128,
                        n_groups=1, chunk_size=256, num_hidden_layers=layers, vocab_size=50280)
-    return _logits(Mamba2ForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+    return logits_module(Mamba2ForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def hf_rwkv(length, layers=2, batch=1):
@@ -146,7 +148,7 @@ def hf_rwkv(length, layers=2, batch=1):
     torch.manual_seed(0)
     cfg = RwkvConfig(hidden_size=768, num_hidden_layers=layers, vocab_size=50280,
                      context_length=max(1024, length))
-    return _logits(RwkvForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+    return logits_module(RwkvForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def hf_xlstm(length, layers=2, batch=1):
@@ -159,7 +161,7 @@ def hf_xlstm(length, layers=2, batch=1):
     torch.manual_seed(0)
     cfg = xLSTMConfig(hidden_size=768, num_heads=4, num_hidden_layers=layers, chunk_size=64,
                       vocab_size=50304)
-    return _logits(xLSTMForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+    return logits_module(xLSTMForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def hf_mamba(length, layers=2, batch=1):
@@ -170,7 +172,7 @@ def hf_mamba(length, layers=2, batch=1):
 
     torch.manual_seed(0)
     cfg = MambaConfig(hidden_size=768, state_size=16, num_hidden_layers=layers, expand=2)
-    return _logits(MambaForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
+    return logits_module(MambaForCausalLM(cfg).eval()), [_ids(cfg.vocab_size, batch, length)]
 
 
 def _flat(x):

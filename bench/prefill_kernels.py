@@ -21,6 +21,7 @@ arithmetic, not its bytes, so its share of the bandwidth says little).
 """
 import argparse
 import collections
+import math
 import os
 import statistics
 import sys
@@ -28,6 +29,7 @@ import time
 
 from . import outputs
 from .generate import copy_bandwidth
+from .models import logits_module
 from .openvino_cpu import compile_openvino
 
 KINDS = ("dense", "scan", "attention", "conv", "norm", "layout", "elementwise", "vm")
@@ -66,15 +68,12 @@ def model_of(name):
 
 
 def _nbytes(x):
+    import tvm
+
     shape = getattr(x, "shape", None)
     if shape is None or not hasattr(x, "dtype"):
         return 0
-    size = 1
-    for n in shape:
-        size *= int(n)
-    import tvm
-
-    return size * tvm.DataType(str(x.dtype)).bits // 8
+    return math.prod(int(n) for n in shape) * tvm.DataType(str(x.dtype)).bits // 8
 
 
 def _dense_flops(args):
@@ -83,10 +82,7 @@ def _dense_flops(args):
     if len(tensors) < 2:
         return 0
     out, k = tensors[-1], int(tensors[0].shape[-1])
-    size = 1
-    for n in out.shape:
-        size *= int(n)
-    return 2 * size * k
+    return 2 * math.prod(int(n) for n in out.shape) * k
 
 
 def kernel_split(vm, call):
@@ -149,17 +145,10 @@ def measure(model_name, dtype_name, prompt, rounds):
         with torch.no_grad(), torch_kernels():
             return model(ids, use_cache=False).logits[:, -1]
 
-    class LastLogits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = copy.deepcopy(model).float()
-
-        def forward(self, input_ids):
-            return self.model(input_ids, use_cache=False).logits[:, -1]
-
     paths = {"ours": lambda: lm.prefill(ids.numpy()), "eager": eager}
     with torch_kernels():
-        openvino, ov_precision = compile_openvino(LastLogits().eval(), (ids,),
+        fp32 = logits_module(copy.deepcopy(model).float(), last=True)
+        openvino, ov_precision = compile_openvino(fp32, (ids,),
                                                   ("f32" if dtype_name == "float32" else None,)).popitem()[1]
     if openvino is not None:
         paths["openvino"] = openvino

@@ -4,6 +4,7 @@ Running them needs a GPU: bench/gpu/ does that part."""
 import pytest
 
 import scanweaver_tvm as sw
+from bench.models import logits_module
 from scanweaver_tvm import models
 from tir_schedules import cuda_check
 
@@ -39,15 +40,7 @@ def _hf_mamba_logits(layers, dtype_name="float32"):
     config = transformers.MambaConfig(vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=layers, expand=2)
     model = transformers.MambaForCausalLM(config).eval().to(getattr(torch, dtype_name))
 
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(ids, use_cache=False).logits
-
-    return sw.from_torch(Logits(), [torch.randint(0, 96, (2, 16))])
+    return sw.from_torch(logits_module(model), [torch.randint(0, 96, (2, 16))])
 
 
 def _ptxas_clean(source):
