@@ -53,15 +53,21 @@ def copy_bandwidth(mb=256, repeats=5):
 
 def weight_bytes(model, weights=None):
     """Bytes read per decode token: every parameter once (tied lm head and embedding once; the
-    embedding row itself is one row, counted with the head).  ``weights="int8"``: every 2-D
-    weight at one byte a value plus a float32 scale per output channel."""
+    embedding row itself is one row, counted with the head).  ``weights``: a weight format
+    (``int8``, ``int4_g32``, ...): every 2-D weight in its bytes (the head's, vocabulary
+    wide, in the format's head format)."""
+    from scanweaver_core.weight_formats import weight_format
+
+    fmt = weight_format(weights) if weights else None
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
-        if weights == "int8" and p.dim() == 2:
-            total += p.numel() + 4 * p.shape[0]
+        if fmt and p.dim() == 2:
+            head = p.shape == model.get_input_embeddings().weight.shape and fmt.head
+            layer = fmt if not head else None if fmt.head == "float" else weight_format(fmt.head)
+            total += layer.nbytes(p.shape[1], p.shape[0]) if layer else p.numel() * p.element_size()
         else:
             total += p.numel() * p.element_size()
     return total
@@ -126,12 +132,32 @@ def _peers(model, ids, new, weights=None):
         lm32 = sw.compile_causal_lm(fp32)
         lm32.module()
         peers["ours_f32"] = Peer("ours, float32 weights", lambda: _measure_ours(lm32, ids, new))
+    if weights:                 # (the precision a quantized build's first token must not lose to)
+        lm16 = sw.compile_causal_lm(copy.deepcopy(fp32).to(torch.bfloat16))
+        lm16.module()
+        peers["ours_bf16"] = Peer("ours, bfloat16 weights", lambda: _measure_ours(lm16, ids, new))
 
     for hint, (run, precision) in compile_openvino(logits_module(fp32, last=True), (ids,), (None, "f32")).items():
         label = f"OpenVINO {precision}" + (" (its default)" if hint is None else "") + ", first token only"
         print(label, flush=True)
         peers[f"openvino_{hint or 'default'}"] = Peer(label, (lambda run=run: {"ttft": _seconds(run)}) if run else None)
+    if weights:                 # NNCF's compression of the same format: its first token, and a
+        module = logits_module(fp32, last=True)          # one-token forward for its decode step
+        first = compile_openvino(module, (ids,), (None,), weights)[None]
+        step = compile_openvino(module, (ids[:, :1],), (None,), weights)[None]
+        label = f"OpenVINO {first[1]}, NNCF {weights}, first token; decode: a one-token forward (stateless)"
+        print(label, flush=True)
+        peers["openvino_compressed"] = Peer(label, (lambda: {"ttft": _seconds(first[0]), "decode": _per_second(step[0])})
+                                            if first[0] and step[0] else None)
     return peers
+
+
+def _per_second(fn, n=16):
+    """Calls of ``fn`` a second, over ``n`` calls."""
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - start)
 
 
 def _seconds(fn):
@@ -170,7 +196,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scaling", default="256,1024,4096", help="prompt lengths of the prefill scaling ('' skips)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--weights", default=None, choices=[None, "int8"],
+    p.add_argument("--weights", default=None,
                    help="our weights' format (sw.compile_causal_lm's weights=); transformers runs the model as given")
     p.add_argument("--hidden", type=int, default=768, help="hidden size (the real width's; smaller for a smoke run)")
     p.add_argument("--vocab", type=int, default=50280)
@@ -255,6 +281,9 @@ def _peer_ratios(med):
     """Our first token against OpenVINO's, and our decode against our float32 build's."""
     out = [f"Our first token is {med[key] / med['ours_ttft']:.2f}x faster than OpenVINO's {hint}."
            for hint, key in (("default", "openvino_default_ttft"), ("f32", "openvino_f32_ttft")) if key in med]
+    if "openvino_compressed_decode" in med:
+        out.append(f"Our decode is {med['ours_decode'] / med['openvino_compressed_decode']:.2f}x OpenVINO's one-token "
+                   "forward with the same compression.")
     if "ours_f32_decode" in med:
         out.append(f"Our decode is {med['ours_decode'] / med['ours_f32_decode']:.2f}x our float32 build's "
                    "(the same weights in float32), in the same rounds.")

@@ -2,12 +2,15 @@
 import os
 
 
-def compile_openvino(module, example, hints=(None,)):
+def compile_openvino(module, example, hints=(None,), weights=None):
     """``ov.convert_model`` of ``module`` (float32, traced on the tuple ``example``; converted
     once) compiled for the CPU plugin at each of ``hints`` (``"f32"``; None: its default, bf16
-    on AVX512-BF16 / AMX CPUs) with every core, latency mode.  hint -> ``(run, the precision it
-    chose)``, or ``(None, why)`` where the conversion or the compile fails (a failed peer is a
-    cell of the table, not the run)."""
+    on AVX512-BF16 / AMX CPUs) with every core, latency mode.  ``weights``: one of our weight
+    format names (``int8``, ``int4_asym_g32``, ...), the converted model's weights compressed
+    by NNCF's ``compress_weights`` in the same format (its embeddings and last layer at its
+    8-bit backup, as ours keep the head).  hint -> ``(run, the precision it chose)``, or
+    ``(None, why)`` where the conversion or the compile fails (a failed peer is a cell of the
+    table, not the run)."""
     import torch
 
     try:
@@ -15,9 +18,23 @@ def compile_openvino(module, example, hints=(None,)):
 
         with torch.no_grad():
             converted = ov.convert_model(module, example_input=example)
+        if weights:
+            converted = _compressed(converted, weights)
     except Exception as e:  # pylint: disable=broad-except
         return {hint: (None, f"failed: {type(e).__name__}") for hint in hints}
     return {hint: _compiled(ov, converted, [x.numpy() for x in example], hint) for hint in hints}
+
+
+def _compressed(converted, weights):
+    """``converted`` with NNCF's weight compression in our format ``weights``."""
+    import nncf                                    # (pyproject's bench extra)
+
+    from scanweaver_core.weight_formats import weight_format
+
+    fmt = weight_format(weights)
+    mode = getattr(nncf.CompressWeightsMode, fmt.name.split("_g")[0].upper() + ("_SYM" if fmt.symmetric else ""))
+    group = {"group_size": fmt.group, "ratio": 1.0} if fmt.bits == 4 else {}
+    return nncf.compress_weights(converted, mode=mode, **group)
 
 
 def _compiled(ov, converted, feed, hint):

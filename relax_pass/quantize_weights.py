@@ -1,78 +1,78 @@
-"""Weight-only quantization of the dense layers, asked for at compile time (``weights="int8"``).
+"""Weight-only quantization of the dense layers, asked for at compile time (``weights="int8"``,
+``"int4"``, ...: ``scanweaver_core.weight_formats`` names them).
 
 Decode is bound by the bytes of the weights it streams; CPU users run models with their weights
-quantized (llama.cpp's Q8_0, OpenVINO's NNCF ``INT8_SYM`` / ``INT8_ASYM``, MLC's ``q4f16``).
-``QuantizeWeights`` rewrites each dense layer whose weight is a constant, ``matmul(x, W)`` with W
-(K x N) float, to
+quantized (llama.cpp's Q8_0 / Q4_0, OpenVINO's NNCF ``INT8_ASYM`` / ``INT4_SYM``, MLC's
+``q4f16_1``).  ``QuantizeWeights`` rewrites each dense layer whose weight is a constant,
+``matmul(x, W)`` with W (K x N) float, quantized once here from the model's own weights:
 
-    matmul(x, Wq, out_dtype="float32") * scale        (then cast back to the layer's dtype)
+- ``int8`` (symmetric, per output channel): ``matmul(x, Wq, out_dtype="float32") * scale``,
+  ``Wq`` int8; ``dense_cpu`` packs it and widens it in registers.
+- every other format: one ``dequantize_matmul`` kernel over the weight packed in panels
+  (``QuantizedWeight.packed``), ``x @ (q * scale + low)``, whose dequantization ``dense_cpu``
+  computes inside the register tile (the float weight is never written out).  Columns are
+  padded to whole panels and sliced back.
 
-with ``Wq`` int8, one symmetric scale per output channel (``scale[n] = max_k |W[k, n]| / 127``):
-``x @ (Wq * scale) = (x @ Wq) * scale`` exactly, so the scale is the matmul's epilogue and
-``dense_cpu`` packs ``Wq`` as int8 (a quarter of float32's bytes) and widens it in registers.
-The model's precision changes because the user asked; the report says which layers changed.
-A weight read as ``permute_dims`` of a constant (how ``nn.Linear`` imports before constant
-folding) is taken too.  Embeddings (``take``) keep their precision.
+(then cast back to the layer's dtype).  The model's precision changes because the user asked;
+the report says which layers changed and to what.  A weight read as ``permute_dims`` of a
+constant (how ``nn.Linear`` imports before constant folding) is taken too.  The layer that
+produces the logits (its weight shaped as an embedding table the function ``take``s from,
+transposed) takes the format's ``head`` format.  Embeddings (``take``) keep their precision: a token
+reads one row of them.
 """
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, te
 from tvm.ir.expr import GenericConst
+
+from scanweaver_core.weight_formats import PANEL, weight_format
 
 MIN_SIDE = 16       # a smaller constant matrix is left as it is (a model's fixed mixing, not a layer)
 FLOATS = ("float32", "float16", "bfloat16")
 
 
-@dataclass(frozen=True)
-class WeightFormat:
-    """A weight-only format: its name, the bits a weight takes and how it is quantized (a
-    ``(K, N)`` float array to ``(Wq, scale per column)``)."""
-    name: str
-    bits: int
-    quantize: Callable
-
-
-def quantize_int8(weight):
-    """``(Wq, scale)`` for a (K, N) float array: int8 in [-127, 127], one float32 scale per
-    column (an all-zero column gets scale 1)."""
-    w = np.asarray(weight, dtype=np.float64)
-    scale = np.abs(w).max(axis=0) / 127.0
-    scale[scale == 0] = 1.0
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-    return q, scale.astype(np.float32)
-
-
-FORMATS = {"int8": WeightFormat("int8", 8, quantize_int8)}
-
-
-def weight_format(spec):
-    """A ``WeightFormat`` from its name (``"int8"``: int8 per output channel, symmetric)."""
-    if isinstance(spec, WeightFormat):
-        return spec
-    if spec in FORMATS:
-        return FORMATS[spec]
-    raise ValueError(f"weights={spec!r}: the formats are {sorted(FORMATS)} (int8 per output channel, "
-                     "symmetric); int4 in groups and asymmetric scales are not built yet")
-
-
 @dataclass
 class QuantizeReport:
-    """What ``QuantizeWeights`` changed: one ``(K, N)`` per weight quantized, and the bytes of
-    those weights before and after."""
+    """What ``QuantizeWeights`` changed: one ``(K, N)`` per weight quantized and its format's
+    name, and the bytes of those weights before and after (scales included)."""
     weights: list = field(default_factory=list)
+    formats: list = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
 
 
+def dequantize_matmul(x, packed, scale, low, group, bits):
+    """``x @ W`` (float32) with ``W[k, j] = q[k, j] * scale[k // group, j] + low[k // group, j]``
+    and ``q`` read from its panels (``QuantizedWeight.packed``): a TE compute of two stages, the
+    dequantization (which ``dense_cpu`` inlines into its register tile) and the matmul."""
+    *lead, depth = x.shape
+    cols = packed.shape[0] * PANEL
+    half = PANEL // 2
+
+    def weight(k, j):
+        if bits == 8:
+            q = packed[j // PANEL, k, j % PANEL]
+        else:
+            byte = packed[j // PANEL, k, j % half]
+            q = (byte >> ((j % PANEL) // half * 4).astype("uint8")) & tvm.tirx.const(15, "uint8")
+        return q.astype("float32") * scale[k // group, j] + low[k // group, j]
+
+    w = te.compute((depth, cols), weight, name="dequantize")
+    k = te.reduce_axis((0, depth), "k")
+    return te.compute((*lead, cols), lambda *i: te.sum(x[(*i[:-1], k)].astype("float32") * w[k, i[-1]], axis=k),
+                      name="matmul")
+
+
 def _constant_weight(expr, lookup):
     """The (K, N) float32 numpy array ``expr`` holds (a float constant, or ``permute_dims`` of
-    one, either maybe bound to a variable: ``lookup``), or None."""
+    one, either maybe broadcast to (1, K, N) and bound to a variable: ``lookup``), or None."""
     permuted, axes = False, None
     expr = _bound(expr, lookup)
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.permute_dims":
+    if _call_of(expr, "relax.broadcast_to", "relax.reshape", "relax.expand_dims") and _leading_ones(expr.ty):
+        expr = _bound(expr.args[0], lookup)        # (1, K, N) of a (K, N) weight: a batched matmul's
+    if _call_of(expr, "relax.permute_dims"):
         permuted = True
         axes = [int(a) for a in expr.attrs.axes] if expr.attrs.axes is not None else None
         expr = _bound(expr.args[0], lookup)
@@ -80,6 +80,18 @@ def _constant_weight(expr, lookup):
         return None
     value = np.asarray(expr.value.numpy(), dtype=np.float32)
     return np.transpose(value, axes) if permuted else value
+
+
+def _call_of(expr, *ops):
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ops
+
+
+def _leading_ones(ty):
+    """A tensor type with known dims, all but the last two of them 1."""
+    shape = getattr(ty, "shape", None)
+    if shape is None or not hasattr(shape, "__len__") or len(shape) < 3:
+        return False
+    return all(isinstance(shape[i], tvm.tirx.IntImm) and int(shape[i]) == 1 for i in range(len(shape) - 2))
 
 
 def _bound(expr, lookup):
@@ -92,7 +104,7 @@ def _bound(expr, lookup):
 class _Quantize(relax.PyExprMutator):
     def __init__(self, mod, fmt, report):
         super().__init__(mod)
-        self.fmt, self.report = fmt, report
+        self.fmt, self.report, self.tables = fmt, report, set()
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = super().visit_call_(call)
@@ -101,24 +113,54 @@ class _Quantize(relax.PyExprMutator):
         weight = _constant_weight(call.args[1], self.lookup_binding)
         if weight is None or min(weight.shape) < MIN_SIDE:
             return call
-        q, scale = self.fmt.quantize(weight)
-        out_dtype = str(call.ty.dtype)
-        y = relax.op.matmul(call.args[0], relax.const(q), out_dtype="float32")
-        y = relax.op.multiply(y, relax.const(scale))
+        fmt = self.fmt
+        if weight.shape[::-1] in self.tables and fmt.head is not None:     # the logits' layer
+            if fmt.head == "float":
+                return call
+            fmt = weight_format(fmt.head)
+        quantized = fmt.quantize(weight)
+        x, out_dtype = call.args[0], str(call.ty.dtype)
+        if quantized.low is None:                    # int8 symmetric: the scale is an epilogue
+            y = relax.op.matmul(x, relax.const(quantized.values), out_dtype="float32")
+            y = relax.op.multiply(y, relax.const(quantized.scale[0]))
+            stored = quantized.values.nbytes + quantized.scale.nbytes
+        else:
+            packed = quantized.packed()
+            tables = [relax.const(quantized.padded(t)) for t in (quantized.scale, quantized.low)]
+            y = self.builder_.call_te(dequantize_matmul, x, relax.const(packed), *tables, group=quantized.group,
+                                      bits=fmt.bits, primfunc_name_hint=f"dequantize_matmul_{fmt.name}")
+            if packed.shape[0] * PANEL != weight.shape[1]:
+                y = relax.op.strided_slice(y, axes=[call.ty.ndim - 1], begin=[0], end=[weight.shape[1]])
+            stored = packed.nbytes + sum(int(t.value.numpy().nbytes) for t in tables)
         self.report.weights.append(tuple(weight.shape))
+        self.report.formats.append(fmt.name)
         self.report.bytes_before += weight.size * tvm.DataType(str(call.args[1].ty.dtype)).bits // 8
-        self.report.bytes_after += q.nbytes + scale.nbytes
+        self.report.bytes_after += stored
         return y if out_dtype == "float32" else relax.op.astype(y, out_dtype)
+
+    def quantize(self, func):
+        """``func`` with its dense layers quantized; the logits' layer is one whose weight has
+        the shape of an embedding table's transpose (a constant matrix read by ``take``):
+        hidden -> vocabulary, tied to the table or not."""
+        self.tables = set()
+
+        def _table(node):
+            if (isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == "relax.take"
+                    and isinstance(node.args[0], GenericConst) and len(node.args[0].value.shape) == 2):
+                self.tables.add(tuple(int(d) for d in node.args[0].value.shape))
+
+        relax.analysis.post_order_visit(func, _table)
+        return self.visit_expr(func)
 
 
 def quantize_weights(mod, spec="int8"):
     """``mod`` with its constant dense weights in ``spec``'s format; ``(mod, QuantizeReport)``."""
     fmt, report = weight_format(spec), QuantizeReport()
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    mutator = _Quantize(mod, fmt, report)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            out[gv] = _Quantize(out, fmt, report).visit_expr(func)
-    return out, report
+            mutator.builder_.update_func(gv, mutator.quantize(func))
+    return mutator.builder_.get(), report
 
 
 def QuantizeWeights(spec="int8"):  # pylint: disable=invalid-name  (a pass, named as TVM's are)

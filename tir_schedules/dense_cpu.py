@@ -67,7 +67,7 @@ def _is_multiply_add(block):
     if not isinstance(value, tirx.Add) or not isinstance(value.b, tirx.Mul):
         return False
     acc = value.a
-    return isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer) and len(block.reads) == 2
+    return isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer) and len(block.reads) >= 2
 
 
 class DenseCPU(GuardedCPURule):
@@ -94,8 +94,10 @@ class DenseCPU(GuardedCPURule):
         if kinds.count(2) != 1 or kinds[-1] != 2 or len(kinds) < 2 or len(sch.get_loops(mm)) != len(kinds):
             return None
         position = [i for i, b in enumerate(blocks) if b.same_as(mm)][0]
+        dequantize = [b for b in blocks[:position] if _is_dequantize(sch.get(b), func)]
         for b in blocks[:position][::-1]:          # producers (reshapes, casts) into their users
-            sch.compute_inline(b)                  # (one that will not: apply leaves the func)
+            if not _is_dequantize(sch.get(b), func):   # (one that will not: apply leaves the
+                sch.compute_inline(b)              # func; a weight's dequantization waits)
         extents = [sch.get(loop).extent for loop in sch.get_loops(mm)]
         if not all(isinstance(e, tvm.tirx.IntImm) for e in extents[-2:]):
             return None                            # (rows and batch may be symbolic: B*L)
@@ -120,13 +122,16 @@ class DenseCPU(GuardedCPURule):
                     sch.compute_inline(b)
                 except RuntimeError:
                     pass
+        for b in dequantize[::-1]:                 # (after padding: pad_einsum reads plain loads)
+            sch.compute_inline(b)
         *outer, k = sch.get_loops(mm)
         j = outer.pop()
         i = outer.pop() if outer else None
         jo, ji = sch.split(j, [None, nr])
         ko, ki = sch.split(k, [None, 2]) if dot and not amx else (k, None)
-        jh, jl = sch.split(ji, [None, bf16_dot.LANES]) if dot and not amx else (None, ji)
-        inner = [ji, ko] if amx else [jh, jl, ki] if dot else [ji]
+        lanes = bf16_dot.LANES if dot and not amx else LANES if dequantize and nr > LANES else None
+        jh, jl = sch.split(ji, [None, lanes]) if lanes else (None, ji)    # (a packed weight's
+        inner = [ji, ko] if amx else [jh, jl, ki] if dot else [jh, jl] if lanes else [ji]   # lanes)
         if i is not None:
             io, ii = sch.split(i, [None, tile_rows])
             if amx:                                        # (one 32 x 32 tile over all of k)
@@ -158,10 +163,10 @@ class DenseCPU(GuardedCPURule):
             sch.tensorize(ii, amx_bf16.intrin(_padded(depth, k_step)))
             amx_bf16.import_configure(sch, parallel)
             return sch
-        if dot:
+        if jh is not None:
             sch.unroll(jh)
-        else:
-            sch.vectorize(ji)                      # (before the init is split off: a reduction
+        if not dot:
+            sch.vectorize(jl)                      # (before the init is split off: a reduction
         if ii is not None:                         # block may be vectorized, its parts not)
             sch.unroll(ii)
         sch.decompose_reduction(mm, ko)
@@ -206,6 +211,14 @@ def _is_weight(func, source):
     """``source`` is a parameter of ``func`` marked layout-free (a constant or weight)."""
     params = [i for i, p in enumerate(func.params) if p.same_as(source)]
     return bool(params) and params[0] in _layout_free(func)
+
+
+def _is_dequantize(block, func):
+    """``block`` computes a float weight from packed integer weights (``quantize_weights``'
+    int4 formats): it reads layout-free buffers only, one of them integer."""
+    reads = [r.source for r in block.reads]
+    return (bool(reads) and all(_is_weight(func, b) for b in reads)
+            and any("int" in str(b.dtype) for b in reads) and "float" in str(block.writes[0].source.dtype))
 
 
 def _reads_weights_only(sch, block, func):
