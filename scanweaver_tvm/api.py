@@ -53,7 +53,8 @@ def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, tr
         return dynamic.import_generic(lambda args: from_torch(model, args, kwargs), FuseAffineRecurrences(),
                                       model, example_args, dynamic_shapes, trace_sizes)
     with torch.no_grad(), warnings.catch_warnings(), _exportable_experts(model), \
-            torch_repairs.aligned_constants(), torch_repairs.torch_dtypes():
+            torch_repairs.aligned_constants(), torch_repairs.torch_dtypes(), \
+            torch.backends.opt_einsum.flags(enabled=False):   # (einsums exported as written)
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         traced = _with_constants(model, kwargs) if kwargs or hasattr(model, "config") else model
         exported = torch.export.export(traced, tuple(example_args))

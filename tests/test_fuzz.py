@@ -142,6 +142,21 @@ class SelectiveScan(torch.nn.Module):
         return models.selective_scan_ref(u, delta, -torch.exp(self.A_log), B, C)
 
 
+def test_einsums_import_as_written_when_torch_would_reorder_them():
+    """torch contracts ``einsum`` in opt_einsum's order when that package is installed (jax
+    brings it): the exported graph of an einsum-written selective scan then multiplies in
+    another order and was found as a generic affine scan, not a selective one.  ``from_torch``
+    exports with it off; the user's setting is kept."""
+    assert torch.backends.opt_einsum.is_available()
+    torch.manual_seed(0)
+    model, (b, d, n, length) = SelectiveScan(4, 4).eval(), (2, 4, 4, 6)
+    args = (torch.randn(b, d, length), torch.rand(b, d, length), torch.randn(b, n, length), torch.randn(b, n, length))
+    with torch.backends.opt_einsum.flags(enabled=True, strategy="auto"):
+        (rec,) = sw.find_recurrences(sw.from_torch(model, args))
+        assert torch.backends.opt_einsum.enabled
+    assert rec.form == "selective", rec
+
+
 def test_selective_scan_with_as_many_states_as_channels():
     """Found by the fuzzer: with D == N, B (B, N, L) and u (B, D, L) have the same shape and the
     matcher took one for the other, leaving the scan unfused (correct, but not fused)."""

@@ -67,7 +67,7 @@ def _is_multiply_add(block):
     if not isinstance(value, tirx.Add) or not isinstance(value.b, tirx.Mul):
         return False
     acc = value.a
-    return isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer) and len(block.reads) >= 2
+    return isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer) and len(block.reads) == 2
 
 
 class DenseCPU(GuardedCPURule):
