@@ -33,8 +33,13 @@ def _compressed(converted, weights):
 
     fmt = weight_format(weights)
     mode = getattr(nncf.CompressWeightsMode, fmt.name.split("_g")[0].upper() + ("_SYM" if fmt.symmetric else ""))
-    group = {"group_size": fmt.group, "ratio": 1.0} if fmt.bits == 4 else {}
-    return nncf.compress_weights(converted, mode=mode, **group)
+    if fmt.bits == 8:
+        return nncf.compress_weights(converted, mode=mode)
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    adjust = AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST)   # (K off the
+    return nncf.compress_weights(converted, mode=mode, group_size=fmt.group, ratio=1.0,          # group: a
+                                 advanced_parameters=adjust)                                      # smaller one)
 
 
 def _compiled(ov, converted, feed, hint):

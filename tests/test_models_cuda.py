@@ -59,10 +59,13 @@ def test_bf16_checkpoint_model_builds_for_cuda():
     _ptxas_clean(source)
 
 
-def test_int8_weights_build_for_cuda():
-    """``weights="int8"`` for a CUDA target: the dense kernels read the int8 weights on the
-    device (``signed char`` buffers, DLight's rules), and ptxas accepts the module without spills."""
+@pytest.mark.parametrize("spec,pointer", [("int8", "signed char* __restrict__"),
+                                          ("int4_asym_g32", "uchar* __restrict__")])
+def test_quantized_weights_build_for_cuda(spec, pointer):
+    """``weights=`` for a CUDA target: the dense kernels read the packed weights on the device
+    (int8, or int4 two a byte dequantized in the kernel; DLight's rules), and ptxas accepts
+    the module without spills."""
     mod = _hf_mamba_logits(1)
-    source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights="int8").mod))
-    assert "scanweaver_scan" in source and "signed char* __restrict__" in source
+    source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights=spec).mod))
+    assert "scanweaver_scan" in source and pointer in source
     _ptxas_clean(source)
