@@ -2,7 +2,7 @@
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
     python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
-                             [--scaling 256,1024,4096] [--dtype float32] [--weights int8]
+                             [--scaling 256,1024,4096] [--dtype float32] [--weights int8|int4|...]
                              [--hidden 768] [--vocab 50280] [--out bench/out_generate]
 
 The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
@@ -15,12 +15,14 @@ the copy bandwidth measured here (numpy copy of 256 MB, best of 5, in every roun
 decode; the best round's).  The tokens are checked equal.  ``--dtype bfloat16``: the model
 cast to bf16 as a bf16 checkpoint loads (ours and transformers both run it as given: bf16
 weights, float32 states and accumulators; the floor counts its bf16 bytes), next to our float32
-build of the same weights in the same rounds.  ``--weights int8``: ours with its dense weights
-quantized (``compile_causal_lm(weights=)``; the floor counts one byte a weight and a float32
-scale per channel; tokens may differ from transformers', which runs the model as given), next
-to our float32 build, same rounds.  OpenVINO's first token (``ov.convert_model`` of the float32
-model; its default precision, bf16 on AVX512-BF16 / AMX CPUs, and f32) is timed in the same
-rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
+build of the same weights in the same rounds.  ``--weights int8`` (or ``int4``, any format of
+``scanweaver_core.weight_formats``): ours with its dense weights quantized
+(``compile_causal_lm(weights=)``; the floor counts each weight's bytes in its format, scales
+included; tokens may differ from transformers', which runs the model as given), next to our
+float32 and bf16 builds and OpenVINO with NNCF's compression in the same format (its first
+token, and a one-token forward for its decode), same rounds.  OpenVINO's first token
+(``ov.convert_model`` of the float32 model; its default precision, bf16 on AVX512-BF16 / AMX
+CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
 executable, medians of ``--rounds``), the last against the first (the target: flat in L).
 Writes ``generate.json`` / ``.md`` into ``--out``.
 """
@@ -147,7 +149,8 @@ def _peers(model, ids, new, weights=None):
         step = compile_openvino(module, (ids[:, :1],), (None,), weights)[None]
         label = f"OpenVINO {first[1]}, NNCF {weights}, first token; decode: a one-token forward (stateless)"
         print(label, flush=True)
-        peers["openvino_compressed"] = Peer(label, (lambda: {"ttft": _seconds(first[0]), "decode": _per_second(step[0])})
+        timed = {"ttft": lambda: _seconds(first[0]), "decode": lambda: _per_second(step[0])}
+        peers["openvino_compressed"] = Peer(label, (lambda: {kind: f() for kind, f in timed.items()})
                                             if first[0] and step[0] else None)
     return peers
 

@@ -184,8 +184,10 @@ def compile(mod, target="llvm", realization="tir", database=None, weights=None):
     pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
     ``database``: MetaSchedule records from ``tune``: every scan and (on a CPU) every fused
     kernel with a record uses its best; the rest are scheduled as without.  ``weights``:
-    ``"int8"`` quantizes the constant dense weights (``relax_pass.quantize_weights``: int8 per
-    output channel, the model's precision changed because you asked); None keeps them."""
+    a weight format (``"int8"``, ``"int4"``, ``"int4_asym_g32"``, ...:
+    ``scanweaver_core.weight_formats``) quantizes the constant dense weights
+    (``relax_pass.quantize_weights``; the model's precision changed because you asked); None
+    keeps them."""
     target = _target(target)
     passes = [pipeline(target, realization, database)]
     if weights is not None:

@@ -593,6 +593,6 @@ def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention
     generalize ``L`` (``from_torch``'s ``trace_sizes``).  ``attention_cache``: "paged" (TVM's
     paged KV cache where its kernels fit the model's attention layers, else tensors; the
     reason is ``layout.not_paged``) or "tensors" (each decode returns the caches one position
-    longer: a copy per token).  ``weights``: ``"int8"`` quantizes the dense layers' weights
-    (``sw.compile``'s ``weights``); None keeps the model's."""
+    longer: a copy per token).  ``weights``: a weight format (``"int8"``, ``"int4"``,
+    ...) quantizes the dense layers' weights (``sw.compile``'s ``weights``); None keeps the model's."""
     return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights)

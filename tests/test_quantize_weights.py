@@ -86,7 +86,8 @@ def test_quantized_layer_equals_its_dequantized_weight(spec, dtype):
     assert report.weights == [(200, 100)] and report.formats == [fmt.name]
     assert report.bytes_before == 200 * 100 * (4 if dtype == torch.float32 else 2)
     groups = -(-200 // (fmt.group or 200))          # (int8: its scales; the others: panels of 32 columns)
-    assert report.bytes_after == (200 * 100 + 4 * 100 if spec == "int8" else 200 * 128 * fmt.bits // 8 + 2 * 4 * groups * 128)
+    packed = 200 * 100 + 4 * 100 if spec == "int8" else 200 * 128 * fmt.bits // 8 + 2 * 4 * groups * 128
+    assert report.bytes_after == packed
     vm = relax.VirtualMachine(sw.compile(mod, "llvm", weights=spec), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.float().numpy().astype(ml_dtypes.bfloat16 if dtype == torch.bfloat16
                                                                  else np.float32)))
