@@ -22,8 +22,9 @@ included; tokens may differ from transformers', which runs the model as given), 
 float32 and bf16 builds and OpenVINO with NNCF's compression in the same format (its first
 token, and a one-token forward for its decode), same rounds.  OpenVINO's first token
 (``ov.convert_model`` of the float32 model; its default precision, bf16 on AVX512-BF16 / AMX
-CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt token at each of those lengths (one
-executable, medians of ``--rounds``), the last against the first (the target: flat in L).
+CPUs, and f32) is timed in the same rounds too.  ``--scaling``: our prefill's cost per prompt
+token at each of those lengths (one executable, medians of ``--rounds``), the last against the
+first (the target: flat in L).
 Writes ``generate.json`` / ``.md`` into ``--out``.
 """
 import argparse
@@ -61,15 +62,15 @@ def weight_bytes(model, weights=None):
     from scanweaver_core.weight_formats import weight_format
 
     fmt = weight_format(weights) if weights else None
+    table = model.get_input_embeddings().weight.shape       # (the logits layer's shape too)
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
-        if fmt and p.dim() == 2:
-            head = p.shape == model.get_input_embeddings().weight.shape and fmt.head
-            layer = fmt if not head else None if fmt.head == "float" else weight_format(fmt.head)
-            total += layer.nbytes(p.shape[1], p.shape[0]) if layer else p.numel() * p.element_size()
+        layer = fmt and p.dim() == 2 and (fmt.head_format() if p.shape == table else fmt)
+        if layer:
+            total += layer.nbytes(p.shape[1], p.shape[0])
         else:
             total += p.numel() * p.element_size()
     return total
@@ -139,19 +140,21 @@ def _peers(model, ids, new, weights=None):
         lm16.module()
         peers["ours_bf16"] = Peer("ours, bfloat16 weights", lambda: _measure_ours(lm16, ids, new))
 
-    for hint, (run, precision) in compile_openvino(logits_module(fp32, last=True), (ids,), (None, "f32")).items():
+    last = logits_module(fp32, last=True)
+    for hint, (run, precision) in compile_openvino(last, (ids,), (None, "f32")).items():
         label = f"OpenVINO {precision}" + (" (its default)" if hint is None else "") + ", first token only"
         print(label, flush=True)
         peers[f"openvino_{hint or 'default'}"] = Peer(label, (lambda run=run: {"ttft": _seconds(run)}) if run else None)
     if weights:                 # NNCF's compression of the same format: its first token, and a
-        module = logits_module(fp32, last=True)          # one-token forward for its decode step
-        first = compile_openvino(module, (ids,), (None,), weights)[None]
-        step = compile_openvino(module, (ids[:, :1],), (None,), weights)[None]
-        label = f"OpenVINO {first[1]}, NNCF {weights}, first token; decode: a one-token forward (stateless)"
+        (first, precision), (step, _) = (compile_openvino(last, (x,), (None,), weights)[None]   # one-token
+                                         for x in (ids, ids[:, :1]))                           # forward
+        label = f"OpenVINO {precision}, NNCF {weights}, first token; decode: a one-token forward (stateless)"
         print(label, flush=True)
-        timed = {"ttft": lambda: _seconds(first[0]), "decode": lambda: _per_second(step[0])}
-        peers["openvino_compressed"] = Peer(label, (lambda: {kind: f() for kind, f in timed.items()})
-                                            if first[0] and step[0] else None)
+
+        def compressed():
+            return {"ttft": _seconds(first), "decode": _per_second(step)}
+
+        peers["openvino_compressed"] = Peer(label, compressed if first and step else None)
     return peers
 
 

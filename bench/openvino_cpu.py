@@ -32,7 +32,7 @@ def _compressed(converted, weights):
     from scanweaver_core.weight_formats import weight_format
 
     fmt = weight_format(weights)
-    mode = getattr(nncf.CompressWeightsMode, fmt.name.split("_g")[0].upper() + ("_SYM" if fmt.symmetric else ""))
+    mode = getattr(nncf.CompressWeightsMode, f"INT{fmt.bits}_{'SYM' if fmt.symmetric else 'ASYM'}")
     if fmt.bits == 8:
         return nncf.compress_weights(converted, mode=mode)
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode

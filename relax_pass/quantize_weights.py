@@ -113,11 +113,9 @@ class _Quantize(relax.PyExprMutator):
         weight = _constant_weight(call.args[1], self.lookup_binding)
         if weight is None or min(weight.shape) < MIN_SIDE:
             return call
-        fmt = self.fmt
-        if weight.shape[::-1] in self.tables and fmt.head is not None:     # the logits' layer
-            if fmt.head == "float":
-                return call
-            fmt = weight_format(fmt.head)
+        fmt = self.fmt.head_format() if weight.shape[::-1] in self.tables else self.fmt   # (the logits')
+        if fmt is None:
+            return call
         quantized = fmt.quantize(weight)
         x, out_dtype = call.args[0], str(call.ty.dtype)
         if quantized.low is None:                    # int8 symmetric: the scale is an epilogue
@@ -126,12 +124,13 @@ class _Quantize(relax.PyExprMutator):
             stored = quantized.values.nbytes + quantized.scale.nbytes
         else:
             packed = quantized.packed()
-            tables = [relax.const(quantized.padded(t)) for t in (quantized.scale, quantized.low)]
-            y = self.builder_.call_te(dequantize_matmul, x, relax.const(packed), *tables, group=quantized.group,
-                                      bits=fmt.bits, primfunc_name_hint=f"dequantize_matmul_{fmt.name}")
+            tables = [quantized.padded(t) for t in (quantized.scale, quantized.low)]
+            y = self.builder_.call_te(dequantize_matmul, x, relax.const(packed), *map(relax.const, tables),
+                                      group=quantized.group, bits=fmt.bits,
+                                      primfunc_name_hint=f"dequantize_matmul_{fmt.name}")
             if packed.shape[0] * PANEL != weight.shape[1]:
                 y = relax.op.strided_slice(y, axes=[call.ty.ndim - 1], begin=[0], end=[weight.shape[1]])
-            stored = packed.nbytes + sum(int(t.value.numpy().nbytes) for t in tables)
+            stored = packed.nbytes + sum(t.nbytes for t in tables)
         self.report.weights.append(tuple(weight.shape))
         self.report.formats.append(fmt.name)
         self.report.bytes_before += weight.size * tvm.DataType(str(call.args[1].ty.dtype)).bits // 8

@@ -37,6 +37,13 @@ class WeightFormat:
     def name(self):
         return f"int{self.bits}" + ("" if self.symmetric else "_asym") + (f"_g{self.group}" if self.group else "")
 
+    def head_format(self):
+        """The ``WeightFormat`` of the logits layer: ``head``'s, this one without a ``head``,
+        None where ``head`` is ``"float"`` (the layer kept as it is)."""
+        if self.head is None:
+            return self
+        return None if self.head == "float" else weight_format(self.head)
+
     def nbytes(self, k, n):
         """Bytes of a (K, N) weight in this format (its values, scales and lows; unpadded)."""
         tables = (1 if self.symmetric and self.bits == 8 else 2) * 4 * n * -(-k // (self.group or k))

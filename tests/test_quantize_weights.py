@@ -1,6 +1,6 @@
-"""Weight-only int8 (``weights="int8"``): each constant dense weight quantized per output channel
-once at compile time, kept int8 through the CPU pipeline (packed, widened in registers), the
-result equal to the dequantized layer's and close to the float model's."""
+"""Weight-only formats (``weights="int8"``, ``"int4_asym_g32"``, ...): each constant dense weight
+quantized once at compile time, kept packed through the CPU pipeline (widened or unpacked in
+registers), the result equal to the dequantized layer's and close to the float model's."""
 import warnings
 
 import ml_dtypes
@@ -183,10 +183,9 @@ def _quantized_copy(model, fmt):
     copy.load_state_dict(model.state_dict())
     for module in copy.modules():
         if isinstance(module, torch.nn.Linear) and min(module.weight.shape) >= 16:
-            head = module.weight.shape == model.get_input_embeddings().weight.shape and fmt.head
-            if head == "float":
+            layer = fmt.head_format() if module.weight.shape == model.get_input_embeddings().weight.shape else fmt
+            if layer is None:
                 continue
-            layer = weight_format(fmt.head) if head else fmt
             w = module.weight.detach().double().numpy().T
             module.weight = torch.nn.Parameter(             # (a new one: a tied embedding stays float)
                 torch.tensor(layer.quantize(w).dequantize().T, dtype=module.weight.dtype))

@@ -94,10 +94,12 @@ class DenseCPU(GuardedCPURule):
         if kinds.count(2) != 1 or kinds[-1] != 2 or len(kinds) < 2 or len(sch.get_loops(mm)) != len(kinds):
             return None
         position = [i for i, b in enumerate(blocks) if b.same_as(mm)][0]
-        dequantize = [b for b in blocks[:position] if _is_dequantize(sch.get(b), func)]
-        for b in blocks[:position][::-1]:          # producers (reshapes, casts) into their users
-            if not _is_dequantize(sch.get(b), func):   # (one that will not: apply leaves the
-                sch.compute_inline(b)              # func; a weight's dequantization waits)
+        producers = blocks[:position]
+        waits = [_is_dequantize(sch, b, func) for b in producers]   # (a weight's dequantization:
+        dequantize = [b for b, wait in zip(producers, waits) if wait]   # inlined after padding)
+        for b, wait in reversed(list(zip(producers, waits))):   # producers (reshapes, casts) into
+            if not wait:                           # their users (one that will not: apply
+                sch.compute_inline(b)              # leaves the func)
         extents = [sch.get(loop).extent for loop in sch.get_loops(mm)]
         if not all(isinstance(e, tvm.tirx.IntImm) for e in extents[-2:]):
             return None                            # (rows and batch may be symbolic: B*L)
@@ -213,12 +215,12 @@ def _is_weight(func, source):
     return bool(params) and params[0] in _layout_free(func)
 
 
-def _is_dequantize(block, func):
+def _is_dequantize(sch, block, func):
     """``block`` computes a float weight from packed integer weights (``quantize_weights``'
-    int4 formats): it reads layout-free buffers only, one of them integer."""
-    reads = [r.source for r in block.reads]
-    return (bool(reads) and all(_is_weight(func, b) for b in reads)
-            and any("int" in str(b.dtype) for b in reads) and "float" in str(block.writes[0].source.dtype))
+    ``dequantize_matmul``): it reads layout-free buffers only, one of them integer."""
+    got = sch.get(block)
+    return (bool(got.reads) and _reads_weights_only(sch, block, func)
+            and any("int" in str(r.source.dtype) for r in got.reads) and "float" in str(got.writes[0].source.dtype))
 
 
 def _reads_weights_only(sch, block, func):
