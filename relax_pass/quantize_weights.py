@@ -8,9 +8,10 @@ quantized (llama.cpp's Q8_0 / Q4_0, OpenVINO's NNCF ``INT8_ASYM`` / ``INT4_SYM``
 
 - ``int8`` (symmetric, per output channel): ``matmul(x, Wq, out_dtype="float32") * scale``,
   ``Wq`` int8; ``dense_cpu`` packs it and widens it in registers.
-- every other format: one ``dequantize_matmul`` kernel over the weight packed in panels
-  (``QuantizedWeight.packed``), ``x @ (q * scale + low)``, whose dequantization ``dense_cpu``
-  computes inside the register tile (the float weight is never written out).  Columns are
+- every other format: one kernel over the weight packed in panels (``QuantizedWeight.packed``),
+  ``x @ (q * scale + low)``: ``dequantize_matmul``, whose dequantization ``dense_cpu`` computes
+  inside the register tile (the float weight is never written out), or, for a decode step's few
+  rows, ``dequantize_gemv``, which sums group by group (``dequantize_gemv_cpu``).  Columns are
   padded to whole panels and sliced back.
 
 (then cast back to the layer's dtype).  The model's precision changes because the user asked;
@@ -31,6 +32,7 @@ from scanweaver_core.weight_formats import PANEL, weight_format
 
 MIN_SIDE = 16       # a smaller constant matrix is left as it is (a model's fixed mixing, not a layer)
 FLOATS = ("float32", "float16", "bfloat16")
+GEMV_ROWS = 8       # a product of this many rows or fewer sums group by group (``dequantize_gemv``)
 
 
 @dataclass
@@ -48,21 +50,56 @@ def dequantize_matmul(x, packed, scale, low, group, bits):
     and ``q`` read from its panels (``QuantizedWeight.packed``): a TE compute of two stages, the
     dequantization (which ``dense_cpu`` inlines into its register tile) and the matmul."""
     *lead, depth = x.shape
-    cols = packed.shape[0] * PANEL
+    q = _stored(packed, bits)
+    w = te.compute((depth, _columns(packed)),
+                   lambda k, j: q(k, j) * scale[k // group, j] + low[k // group, j], name="dequantize")
+    k = te.reduce_axis((0, depth), "k")
+    return te.compute((*lead, _columns(packed)),
+                      lambda *i: te.sum(x[(*i[:-1], k)].astype("float32") * w[k, i[-1]], axis=k), name="matmul")
+
+
+def dequantize_gemv(x, packed, scale, low, group, bits):
+    """``dequantize_matmul``'s product for a few rows (decode), summed group by group:
+    ``sum_g scale[g] * (x_g @ q_g) + low[g] * sum(x_g)``.  Each weight is
+    widened and multiplied once; the scale and low are applied once a group, not once a weight
+    (a GEMV of int4 weights is bound by that arithmetic, not by its bytes).  Stages: ``partial``
+    (each group's integer product), ``xsum`` (each group's sum of ``x``) and ``matmul``, which
+    ``dequantize_gemv_cpu`` schedules as one tile per few panels.  K is whole groups
+    (``_whole_groups``: TVM 0.27's ``create_prim_func`` drops a reduction's ``where``, so a short
+    last group cannot be expressed)."""
+    *lead, depth = x.shape
+    groups, group = int(scale.shape[0]), min(group, int(depth))
+    q, kk = _stored(packed, bits), te.reduce_axis((0, group), "kk")
+
+    def k(g):
+        return g * group + kk
+
+    partial = te.compute((*lead, groups, _columns(packed)),
+                         lambda *i: te.sum(x[(*i[:-2], k(i[-2]))].astype("float32") * q(k(i[-2]), i[-1]), axis=kk),
+                         name="partial")
+    xsum = te.compute((*lead, groups), lambda *i: te.sum(x[(*i[:-1], k(i[-1]))].astype("float32"), axis=kk),
+                      name="xsum")
+    g = te.reduce_axis((0, groups), "g")
+    return te.compute((*lead, _columns(packed)),
+                      lambda *i: te.sum(partial[(*i[:-1], g, i[-1])] * scale[g, i[-1]]
+                                        + xsum[(*i[:-1], g)] * low[g, i[-1]], axis=g), name="matmul")
+
+
+def _columns(packed):
+    return packed.shape[0] * PANEL
+
+
+def _stored(packed, bits):
+    """``q(k, j)``: the integer stored for ``W[k, j]`` in its panel, as float32."""
     half = PANEL // 2
 
-    def weight(k, j):
+    def q(k, j):
         if bits == 8:
-            q = packed[j // PANEL, k, j % PANEL]
-        else:
-            byte = packed[j // PANEL, k, j % half]
-            q = (byte >> ((j % PANEL) // half * 4).astype("uint8")) & tvm.tirx.const(15, "uint8")
-        return q.astype("float32") * scale[k // group, j] + low[k // group, j]
+            return packed[j // PANEL, k, j % PANEL].astype("float32")
+        byte = packed[j // PANEL, k, j % half]
+        return ((byte >> ((j % PANEL) // half * 4).astype("uint8")) & tvm.tirx.const(15, "uint8")).astype("float32")
 
-    w = te.compute((depth, cols), weight, name="dequantize")
-    k = te.reduce_axis((0, depth), "k")
-    return te.compute((*lead, cols), lambda *i: te.sum(x[(*i[:-1], k)].astype("float32") * w[k, i[-1]], axis=k),
-                      name="matmul")
+    return q
 
 
 def _constant_weight(expr, lookup):
@@ -80,6 +117,21 @@ def _constant_weight(expr, lookup):
         return None
     value = np.asarray(expr.value.numpy(), dtype=np.float32)
     return np.transpose(value, axes) if permuted else value
+
+
+def _few_rows(x):
+    """``x`` has known leading dims, ``GEMV_ROWS`` rows or fewer in all (a decode step's)."""
+    shape = getattr(x.ty, "shape", None)
+    if shape is None or not hasattr(shape, "__len__"):
+        return False
+    lead = list(shape)[:-1]
+    return all(isinstance(d, tvm.tirx.IntImm) for d in lead) and int(np.prod([int(d) for d in lead])) <= GEMV_ROWS
+
+
+def _whole_groups(quantized):
+    """K is a whole number of the weight's groups, or one group shorter than the format's."""
+    depth = quantized.values.shape[0]
+    return depth % quantized.group == 0 or depth < quantized.group
 
 
 def _call_of(expr, *ops):
@@ -125,9 +177,10 @@ class _Quantize(relax.PyExprMutator):
         else:
             packed = quantized.packed()
             tables = [quantized.padded(t) for t in (quantized.scale, quantized.low)]
-            y = self.builder_.call_te(dequantize_matmul, x, relax.const(packed), *map(relax.const, tables),
+            kernel = dequantize_gemv if _few_rows(x) and _whole_groups(quantized) else dequantize_matmul
+            y = self.builder_.call_te(kernel, x, relax.const(packed), *map(relax.const, tables),
                                       group=quantized.group, bits=fmt.bits,
-                                      primfunc_name_hint=f"dequantize_matmul_{fmt.name}")
+                                      primfunc_name_hint=f"{kernel.__name__}_{fmt.name}")
             if packed.shape[0] * PANEL != weight.shape[1]:
                 y = relax.op.strided_slice(y, axes=[call.ty.ndim - 1], begin=[0], end=[weight.shape[1]])
             stored = packed.nbytes + sum(t.nbytes for t in tables)

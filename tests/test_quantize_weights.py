@@ -70,23 +70,27 @@ def test_int4_panels_hold_two_columns_a_byte():
     assert (columns[:, :40] == q.values).all() and (columns[:, 40:] == 0).all()
 
 
-@pytest.mark.parametrize("spec,dtype", [("int8", torch.float32), ("int8", torch.bfloat16), ("int8_asym", torch.float32),
-                                        ("int4", torch.float32), ("int4_asym_g32", torch.bfloat16)])
-def test_quantized_layer_equals_its_dequantized_weight(spec, dtype):
+@pytest.mark.parametrize("spec,dtype,rows,depth", [
+    ("int8", torch.float32, (2, 9), 200), ("int8", torch.bfloat16, (2, 9), 200),
+    ("int8_asym", torch.float32, (2, 9), 200), ("int4", torch.float32, (2, 9), 200),
+    ("int4_asym_g32", torch.bfloat16, (2, 9), 200),
+    ("int4", torch.float32, (1, 1), 256), ("int8_asym", torch.bfloat16, (1, 3), 200),   # decode: by groups
+    ("int4_asym_g32", torch.float32, (1, 1), 200), ("int4_g64", torch.float32, (1, 1), 48)])   # (a short group)
+def test_quantized_layer_equals_its_dequantized_weight(spec, dtype, rows, depth):
     """The Linear's weight becomes the format's (the report says so, with its bytes); compiled,
     the layer equals float64 of ``x @ dequantize(W) + b`` (the quantized layer computed
-    exactly), within the format's error of the float layer.  Widths off the 32-column panels
-    and K off the groups; bf16 models too."""
+    exactly), within the format's error of the float layer.  Widths off the 32-column panels,
+    K off the groups, bf16 models, and a few rows (decode's kernel, summed by groups) too."""
     torch.manual_seed(0)
-    model = Layer(200, 100).eval().to(dtype)
-    x = torch.randn(2, 9, 200).to(dtype)
+    model = Layer(depth, 100).eval().to(dtype)
+    x = torch.randn(*rows, depth).to(dtype)
     mod = sw.from_torch(model, [x])
     fmt = weight_format(spec)
     quantized, report = quantize_weights(mod, spec)
-    assert report.weights == [(200, 100)] and report.formats == [fmt.name]
-    assert report.bytes_before == 200 * 100 * (4 if dtype == torch.float32 else 2)
-    groups = -(-200 // (fmt.group or 200))          # (int8: its scales; the others: panels of 32 columns)
-    packed = 200 * 100 + 4 * 100 if spec == "int8" else 200 * 128 * fmt.bits // 8 + 2 * 4 * groups * 128
+    assert report.weights == [(depth, 100)] and report.formats == [fmt.name]
+    assert report.bytes_before == depth * 100 * (4 if dtype == torch.float32 else 2)
+    groups = -(-depth // (fmt.group or depth))     # (int8: its scales; the others: panels of 32 columns)
+    packed = depth * 100 + 4 * 100 if spec == "int8" else depth * 128 * fmt.bits // 8 + 2 * 4 * groups * 128
     assert report.bytes_after == packed
     vm = relax.VirtualMachine(sw.compile(mod, "llvm", weights=spec), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.float().numpy().astype(ml_dtypes.bfloat16 if dtype == torch.bfloat16
@@ -100,13 +104,16 @@ def test_quantized_layer_equals_its_dequantized_weight(spec, dtype):
     assert np.abs(got - plain).max() <= (3e-2 if fmt.bits == 8 else 0.2) * np.abs(plain).max()
 
 
-@pytest.mark.parametrize("spec,packed", [("int8", "int8"), ("int4_asym_g32", "uint8")])
-def test_lowered_module_keeps_every_weight_packed(spec, packed):
+@pytest.mark.parametrize("spec,packed,rows,rule", [("int8", "int8", 5, "DenseCPU"),
+                                                   ("int4_asym_g32", "uint8", 12, "DenseCPU"),
+                                                   ("int4", "uint8", 1, "DequantizeGemvCPU")])
+def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule):
     """Through the CPU pipeline (legalized, fused, scheduled, weights packed): the dense kernel
-    reads its packed weight (int8 panels; int4: two a byte, dequantized in the register tile)
-    and no float copy of the weight is left anywhere."""
+    reads its packed weight (int8 panels; int4: two a byte, widened in registers: in the
+    register tile of a GEMM, in each group's accumulators of a decode step's GEMV) and no float
+    copy of the weight is left anywhere."""
     torch.manual_seed(1)
-    model, x = Layer(128, 256).eval(), torch.randn(1, 5, 128)
+    model, x = Layer(128, 256).eval(), torch.randn(1, rows, 128)
     target = host_target()
     mod = sw.from_torch(model, [x])
     with target:
@@ -115,10 +122,13 @@ def test_lowered_module_keeps_every_weight_packed(spec, packed):
     called = []
     relax.analysis.post_order_visit(lowered["main"], lambda e: called.append(e.name_hint)
                                     if isinstance(e, tvm.ir.GlobalVar) else None)
-    dense = [lowered[name] for name in called if (lowered[name].attrs or {}).get("scanweaver.rule") == "DenseCPU"]
+    dense = [lowered[name] for name in called if (lowered[name].attrs or {}).get("scanweaver.rule") == rule]
     assert len(dense) == 1
     assert [str(p.ty.dtype) for p in dense[0].params if len(p.ty.shape) == 3] == [packed]
-    assert 'sblock("dequantize")' not in dense[0].script()        # (inlined into the register tile)
+    script = dense[0].script()
+    assert 'sblock("dequantize")' not in script                     # (inlined into the register tile)
+    if rule == "DequantizeGemvCPU":                                  # (a group's sums: in registers)
+        assert 'partial_local = T.sblock_alloc_buffer' in script and 'scope="local"' in script
     floats = [c for c in _constants(lowered) if "float" in str(c.value.dtype) and np.prod(c.value.shape) >= 128 * 256]
     assert not floats, [tuple(c.value.shape) for c in floats]
 

@@ -5,6 +5,7 @@ import logging
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.target import codegen
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from .tree_size import inlined_size, tree_size
@@ -170,3 +171,49 @@ def _largest_buffer(func):
     """Elements of the largest parameter buffer (a symbolic one counts as unbounded)."""
     shapes = [getattr(getattr(p, "ty", None), "shape", None) for p in func.params]
     return max([elements(shape) for shape in shapes if shape is not None], default=0)
+
+
+def has_feature(target, feature):
+    """The target's CPU has ``feature`` (an LLVM name: ``"avx512f"``); False for a target LLVM
+    does not know the CPU of."""
+    try:
+        return bool(codegen.target_has_features(feature, target))
+    except (RuntimeError, ValueError):
+        return False
+
+
+def inline_epilogue(sch, block):
+    """Compute the blocks after ``block`` (bias, activation, cast) inside its loops, in order,
+    while its tile is hot: the first that does not inline, and all after it, stay whole loops
+    of their own."""
+    for after in _blocks_after(sch, block):
+        if not _sole_consumer(sch, after):
+            return
+        try:
+            sch.reverse_compute_inline(after)
+        except RuntimeError:
+            return
+
+
+def _sole_consumer(sch, block):
+    """``block`` reads one block's output and is its only reader.  (TVM 0.27's
+    ``reverse_compute_inline`` also inlines a consumer whose producer feeds others, and then
+    drops the buffer they still read: "Buffer ... is used before its definition".)"""
+    producers = sch.get_producers(block)
+    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
+
+
+def _blocks_after(sch, block):
+    """The blocks after ``block`` under the root, in order."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+    return blocks[names.index(sch.get(block).name_hint) + 1:]
+
+
+def is_weight(func, source):
+    """``source`` is a parameter of ``func`` marked layout-free (a constant or weight: the
+    ``layout_free_buffers`` ``dense_cpu`` attaches)."""
+    attrs = func.attrs or {}
+    free = {int(i) for i in attrs["layout_free_buffers"]} if "layout_free_buffers" in attrs else set()
+    params = [i for i, p in enumerate(func.params) if p.same_as(source)]
+    return bool(params) and params[0] in free

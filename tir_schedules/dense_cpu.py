@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import relax, s_tir, tirx
-from tvm.target import codegen
 from tvm.s_tir import dlight as dl
 
 from . import amx_bf16, bf16_dot, widen
-from .cpu_rule import ApplyRules, Guarded, GuardedCPURule
+from .cpu_rule import ApplyRules, Guarded, GuardedCPURule, has_feature, inline_epilogue, is_weight
+from .dequantize_gemv_cpu import DequantizeGemvCPU
 from .elementwise_cpu import PARALLEL_MIN, ElementwiseCPU
 from .fold_constants import FoldConstantCalls
 from .short_reduction_cpu import ShortReductionCPU
@@ -46,11 +46,7 @@ def register_tile(target):
     AVX2's 16 ymm registers 8 x 32 is 32 accumulators, spilled on every k (40 GFLOP/s on a
     (256, 768) x (768, 50304) lm head on 2 znver3 cores); 4 x 16 ran it at ~105 (6 x 16: 67,
     8 x 8: 105, 2 x 32: 109, 4 x 24: 12, measured once each, 4 x 16 best on a 3072-wide one)."""
-    try:
-        wide = codegen.target_has_features("avx512f", target)
-    except (RuntimeError, ValueError):       # (a target LLVM does not know the CPU of)
-        wide = False
-    return RegisterTile(MR, NR) if wide else RegisterTile(4, 16)
+    return RegisterTile(MR, NR) if has_feature(target, "avx512f") else RegisterTile(4, 16)
 PREPROC = "meta_schedule.layout_rewrite_preproc"   # TVM's mark of a weight-repacking block
 
 
@@ -106,7 +102,7 @@ class DenseCPU(GuardedCPURule):
         static = [int(e) if isinstance(e, tvm.tirx.IntImm) else None for e in extents]
         rows, cols, depth = (static[-3] if len(extents) > 2 else 1), static[-2], static[-1]
         dot = (dot and nr % bf16_dot.LANES == 0 and _bf16_operands(sch.get(mm))   # (a weight: it is
-               and _is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
+               and is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
         amx = (dot and amx and nr == amx_bf16.COLS and len(kinds) > 2
                and (rows is None or rows >= amx_bf16.ROWS))
         tile_rows = amx_bf16.ROWS if amx else mr if rows is None or rows > mr else rows   # (few rows: one tile)
@@ -147,13 +143,7 @@ class DenseCPU(GuardedCPURule):
         _pack_weight(sch, mm, func, (bf16_dot.pairs_layout if dot else panels_layout)(nr))
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
-        for b in _after(sch, acc):                 # bias, activation: on the tile, while hot
-            if not _sole_consumer(sch, b):         # (the first that does not inline, and all
-                break                              # after it, stay whole loops of their own)
-            try:
-                sch.reverse_compute_inline(b)
-            except RuntimeError:
-                break
+        inline_epilogue(sch, acc)                  # bias, activation: on the tile, while hot
         sch.vectorize(sch.get_loops(acc)[-1])
         if rows is None:     # symbolic rows: panels in parallel, row tiles in turn (a fused index
             parallel = sch.fuse(*tiles[:-1])      # would divide by L, and the tile's accumulator
@@ -189,32 +179,6 @@ def _bf16_operands(block):
             and isinstance(product.b, tirx.Cast) and all(str(r.source.dtype) == "bfloat16" for r in block.reads))
 
 
-def _sole_consumer(sch, block):
-    """``block`` reads one block's output and is its only reader.  (TVM 0.27's
-    ``reverse_compute_inline`` also inlines a consumer whose producer feeds others, and then
-    drops the buffer they still read: "Buffer ... is used before its definition".)"""
-    producers = sch.get_producers(block)
-    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
-
-
-def _after(sch, block):
-    """The blocks after ``block`` under the root, in order."""
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    names = [sch.get(b).name_hint for b in blocks]
-    return blocks[names.index(sch.get(block).name_hint) + 1:]
-
-
-def _layout_free(func):
-    attrs = func.attrs or {}
-    return {int(i) for i in attrs["layout_free_buffers"]} if "layout_free_buffers" in attrs else set()
-
-
-def _is_weight(func, source):
-    """``source`` is a parameter of ``func`` marked layout-free (a constant or weight)."""
-    params = [i for i, p in enumerate(func.params) if p.same_as(source)]
-    return bool(params) and params[0] in _layout_free(func)
-
-
 def _is_dequantize(sch, block, func):
     """``block`` computes a float weight from packed integer weights (``quantize_weights``'
     ``dequantize_matmul``): it reads layout-free buffers only, one of them integer."""
@@ -224,7 +188,7 @@ def _is_dequantize(sch, block, func):
 
 
 def _reads_weights_only(sch, block, func):
-    return all(_is_weight(func, r.source) for r in sch.get(block).reads)
+    return all(is_weight(func, r.source) for r in sch.get(block).reads)
 
 
 def panels_layout(nr):
@@ -247,7 +211,7 @@ def _pack_weight(sch, mm, func, layout):
         mins = [r.min for r in read.region]
         if len(mins) < 2 or not (mins[-1].same_as(j_var) and mins[-2].same_as(k_var)):
             continue
-        if _is_weight(func, read.source):
+        if is_weight(func, read.source):
             cache = sch.cache_read(mm, index, "global")
         else:                                      # the zero-padded copy pad_einsum made
             producers = sch.get_producers(mm)
@@ -272,7 +236,7 @@ def _has_root(sch):
 def schedule_passes():
     """After FuseTIR: schedule the dense PrimFuncs (and the injective ones:
     ``elementwise_cpu``), then pack their constant weights once (in one build)."""
-    return [_attach_layout_free_buffers, ApplyRules(DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
+    return [_attach_layout_free_buffers, ApplyRules(DequantizeGemvCPU(), DenseCPU(), ElementwiseCPU(), ShortReductionCPU(),
                                                     Guarded(dl.cpu.Reduction(), PARALLEL_MIN)),
             _split_layout_rewrite_preproc, FoldConstantCalls]
 
