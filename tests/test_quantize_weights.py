@@ -1,6 +1,7 @@
 """Weight-only formats (``weights="int8"``, ``"int4_asym_g32"``, ...): each constant dense weight
 quantized once at compile time, kept packed through the CPU pipeline (widened or unpacked in
 registers), the result equal to the dequantized layer's and close to the float model's."""
+import re
 import warnings
 
 import ml_dtypes
@@ -20,7 +21,8 @@ from scanweaver_core.weight_formats import weight_format
 from scanweaver_tvm.causal_lm import torch_kernels
 from test_causal_lm import _family
 from test_causal_lm_hybrids import FAMILIES as HYBRIDS
-from tir_schedules import dense_cpu
+from tir_schedules import dense_cpu, dequantize_gemv_cpu
+from tir_schedules.cpu_rule import has_feature
 
 
 class Layer(torch.nn.Module):
@@ -131,6 +133,29 @@ def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule):
         assert 'partial_local = T.sblock_alloc_buffer' in script and 'scope="local"' in script
     floats = [c for c in _constants(lowered) if "float" in str(c.value.dtype) and np.prod(c.value.shape) >= 128 * 256]
     assert not floats, [tuple(c.value.shape) for c in floats]
+
+
+@pytest.mark.parametrize("mcpu,wide", [("znver3", False), ("znver4", True)])
+def test_decode_gemv_by_target(mcpu, wide):
+    """A decode step's int4 layer, compiled for AVX2 (znver3: 2 panels a tile, ymm registers,
+    no zmm) and AVX-512 (znver4: 4 panels, zmm): the nibbles widened and converted in vector
+    registers (read in the assembly), and where the host runs the target, the result equal to
+    float64 of ``x @ dequantize(W) + b``."""
+    torch.manual_seed(2)
+    model, x = Layer(256, 384).eval(), torch.randn(1, 1, 256)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu"})
+    assert dequantize_gemv_cpu._panels_per_tile(target, 12) == (4 if wide else 2)   # pylint: disable=protected-access
+    ex = sw.compile(sw.from_torch(model, [x]), target, weights="int4")
+    asm = ex.mod.imports[0].inspect_source("asm")
+    assert re.search(r"vcvtdq2ps\s+%zmm", asm) if wide else (re.search(r"vcvtdq2ps\s+%ymm", asm) and "zmm" not in asm)
+    if wide and not has_feature(host_target(), "avx512f"):
+        return                                             # (compiled and read; this CPU has no AVX-512)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = np.asarray((out[0] if not hasattr(out, "numpy") else out).numpy(), dtype=np.float64)
+    w = weight_format("int4").quantize(model.lin.weight.detach().double().numpy().T).dequantize()
+    y = x.double().numpy() @ w + model.lin.bias.detach().double().numpy()
+    exact = y / (1 + np.exp(-y))
+    assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
 def test_an_unknown_format_is_a_clear_error():
