@@ -37,9 +37,10 @@ from typing import Callable
 
 import numpy as np
 
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+from . import outputs
 
-from . import outputs  # noqa: E402
+PAUSE_S = 0.05      # between two paths: TVM's pool spins its workers a few ms after a call (its
+#                     default, as users run it), OpenVINO's TBB its own; the next path starts idle
 
 
 def copy_bandwidth(mb=256, repeats=5):
@@ -238,6 +239,7 @@ def main(argv=None):
     for i in range(args.rounds):
         names = list(measure)
         for name in names[i % len(names):] + names[:i % len(names)]:   # (interleaved, order rotated)
+            time.sleep(PAUSE_S)
             for kind, value in measure[name]().items():
                 rows.setdefault(f"{name}_{kind}", []).append(value)
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -247,6 +249,7 @@ def main(argv=None):
     floor_s = weight_bytes(model, args.weights) / bandwidth
     result = {"machine": _machine(), "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "first_difference": difference, "rounds": rows, "medians": med,
+              "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", "TVM's default"),
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
               "weights": args.weights, "weight_MB": weight_bytes(model, args.weights) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
               "prefill_us_per_token": scaling, "peers": {name: peer.label for name, peer in peers.items()}}
@@ -255,7 +258,8 @@ def main(argv=None):
              f"{args.dtype}" + (f", our weights {args.weights}" if args.weights else "") + ", CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
              f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}"
-             + ("." if same else _difference_text(difference, near_tie)),
+             + ("." if same else _difference_text(difference, near_tie))
+             + f" TVM's thread pool spin count: {result['tvm_thread_pool_spin_count']}.",
              "", "| | first token ms | decode tokens/s | decode ms/token |", "|---|---|---|---|",
              f"| ours (compile_causal_lm) | {1e3 * med['ours_ttft']:.1f} | {med['ours_decode']:.1f} | {ours_step:.2f} |",
              f"| transformers generate | {1e3 * med['hf_ttft']:.1f} | {hf_decode:.1f} | {1e3 / hf_decode:.2f} |",

@@ -55,6 +55,23 @@ def test_linear_layers_match_pytorch(m, k, n, act):
     assert_outputs_match(run_model(mod, [x]), torch_outputs(model, [x]), rtol=1e-5)
 
 
+class Readout(torch.nn.Module):
+    def forward(self, h, c):
+        return h @ c
+
+
+def test_a_matrix_times_a_vector_is_left_to_the_reduction_rules():
+    """``h @ C`` with one column (a Mamba decode step's readout of its state): a register tile
+    would be 1 column of NR, so the dense rule leaves it to the next rules (a serial loop of
+    its few multiply-adds where none takes it); it equals PyTorch."""
+    args = [torch.randn(1, 96, 16), torch.randn(1, 16, 1)]
+    mod = sw.from_torch(Readout(), args)
+    rules = [(f.attrs or {}).get("scanweaver.rule") for _, f in scheduled(mod).functions_items()
+             if not isinstance(f, relax.Function) and "matmul" in f.script()]
+    assert rules and "DenseCPU" not in rules, rules
+    assert_outputs_match(run_model(mod, args), torch_outputs(Readout(), args), rtol=1e-5)
+
+
 def test_constant_weight_is_packed_once_at_compile_time():
     model = Dense(64, 80, bias=False).eval()
     mod = scheduled(sw.from_torch(model, [torch.randn(1, 5, 64)]))

@@ -101,6 +101,9 @@ class DenseCPU(GuardedCPURule):
             return None                            # (rows and batch may be symbolic: B*L)
         static = [int(e) if isinstance(e, tvm.tirx.IntImm) else None for e in extents]
         rows, cols, depth = (static[-3] if len(extents) > 2 else 1), static[-2], static[-1]
+        if cols == 1:                              # a matrix times a vector (a decode step's readout
+            return None                            # h @ C): a tile would be 1 column of NR (the
+            #                                        reduction rules take it)
         dot = (dot and nr % bf16_dot.LANES == 0 and _bf16_operands(sch.get(mm))   # (a weight: it is
                and is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
         amx = (dot and amx and nr == amx_bf16.COLS and len(kinds) > 2
