@@ -77,6 +77,19 @@ def test_reductions_are_left_to_other_rules():
     assert funcs and not any("T.parallel(" in f.script() for f in funcs.values())
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_reduction_over_one_term_is_not_taken_for_elementwise(rows):
+    """``Linear(1, 1)``: its matmul normalizes to a block with no reduce axis but an init;
+    had the rule inlined the bias into it, the bias would join both its init and its update
+    (added twice: fuzz case 1035)."""
+    model = torch.nn.Linear(1, 1).eval()
+    x = torch.randn(rows, 1)
+    funcs = legalized(model, x, rule=False)
+    matmuls = [f for f in prim_funcs(funcs).values() if "T.init()" in f.script()]
+    assert matmuls and all(ElementwiseCPU().apply(f, AVX2, False) is None for f in matmuls)
+    assert_outputs_match(run_model(sw.from_torch(model, [x]), [x]), torch_outputs(model, [x]), rtol=1e-6)
+
+
 def test_symbolic_length_compiles_once_and_runs_at_every_length():
     class Gate(torch.nn.Module):
         def forward(self, x, z):

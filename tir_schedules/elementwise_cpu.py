@@ -40,9 +40,9 @@ class ElementwiseCPU(GuardedCPURule):
 def _schedule(func):
     sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
     infos = normalize_prim_func(sch)
-    if not infos:
-        return None
-    infos = try_inline(sch, infos)
+    if not infos or any(sch.get(info.block_rv).init is not None for info in infos):
+        return None                # (a reduction over unit loops: normalized, it has no reduce axis
+    infos = try_inline(sch, infos)  # left, but an epilogue inlined into it would also join its init)
     if not infos or not all(info.is_injective() for info in infos) or not _independent(sch, infos):
         return None
     for info in infos:
