@@ -22,9 +22,9 @@ class Silu(torch.nn.Module):
 
 
 def legalized(model, x, rule=True):
-    """``model`` imported, legalized and fused as TVM's CPU pipeline does; with ``rule``, the
-    elementwise rule applied."""
-    mod = sw.from_torch(model, [x])
+    """``model`` imported (on ``x``, or on the list of inputs ``x``), legalized and fused as TVM's
+    CPU pipeline does; with ``rule``, the elementwise rule applied."""
+    mod = sw.from_torch(model, x if isinstance(x, list) else [x])
     with AVX2:
         passes = cpu.legalize_passes(AVX2) + ([dl.ApplyDefaultSchedule(ElementwiseCPU())] if rule else [])
         return tvm.transform.Sequential(passes)(mod)
@@ -88,6 +88,30 @@ def test_a_reduction_over_one_term_is_not_taken_for_elementwise(rows):
     matmuls = [f for f in prim_funcs(funcs).values() if "T.init()" in f.script()]
     assert matmuls and all(ElementwiseCPU().apply(f, AVX2, False) is None for f in matmuls)
     assert_outputs_match(run_model(sw.from_torch(model, [x]), [x]), torch_outputs(model, [x]), rtol=1e-6)
+
+
+class BroadcastSoftplus(torch.nn.Module):
+    """A Mamba decode step's discretization: softplus(dt) per channel, read twice per (channel,
+    state) element (``cheap``: dt itself, with no transcendental)."""
+
+    def __init__(self, cheap=False):
+        super().__init__()
+        self.cheap = cheap
+
+    def forward(self, dt, a, h):
+        delta = dt * 2.0 if self.cheap else torch.nn.functional.softplus(dt)
+        return h * torch.exp(delta[:, None] * a) + delta[:, None]
+
+
+@pytest.mark.parametrize("cheap", [False, True])
+def test_a_costly_stage_broadcast_to_the_output_is_computed_once(cheap):
+    rows, state = 1536, 16
+    args = [torch.randn(rows), -torch.rand(rows, state), torch.randn(rows, state)]
+    model = BroadcastSoftplus(cheap)
+    (text,) = [f.script() for f in prim_funcs(legalized(model, args)).values() if "T.exp(" in f.script()]
+    kept = f"T.sblock_alloc_buffer((T.int64({rows}),))" in text
+    assert kept != cheap and text.count("T.log(") == (0 if cheap else 1)
+    assert_outputs_match(run_model(sw.from_torch(model, args), args), torch_outputs(model, args), rtol=1e-6)
 
 
 def test_symbolic_length_compiles_once_and_runs_at_every_length():

@@ -10,7 +10,8 @@ an intermediate buffer between stages.  Two things follow, both seen on whole mo
   two-stage nests (a fused ``silu``: "Instruction does not dominate all uses!", the module
   fails to build); with the stages inlined into one loop it builds.
 
-So the rule inlines every stage it can into the last (DLight's ``try_inline``); when one
+So the rule inlines every stage it can into the last (DLight's ``try_inline``), but a costly
+stage that a broadcast reads (``_computed_once``: computed first, once an element); when one
 all-spatial block is left (or several, each writing one output: a ``split``'s sections), its
 loops are fused, split into an outer loop (parallel once there is enough work) and an inner one
 of ``LANES`` elements (vectorized when it divides the extent).  A block that transposes (its
@@ -19,6 +20,8 @@ around convs and scans) is walked in 16 x 16 tiles instead.  With a symbolic len
 loops after it are fused and vectorized apart from it (a transpose's: the static axis).
 Anything else (a reduction, an opaque block, stages that do not inline) returns None.
 """
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base.common_schedules import try_inline
@@ -28,6 +31,9 @@ from .cpu_rule import GuardedCPURule, elements
 LANES = 16                 # float32 lanes of a 512-bit vector; LLVM splits them for narrower ISAs
 PARALLEL_MIN = 1 << 14     # elements below which the thread pool costs more than it saves
 TILE = 16                  # a transpose's square tile: 16 float32 = one 64-byte cache line a row
+BROADCAST = 4              # a costly stage this many times smaller than the output is computed once
+TRANSCENDENTAL = {f"tirx.{name}" for name in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "tanh",
+                                              "sigmoid", "erf", "pow", "sqrt", "rsqrt", "sin", "cos", "atan")}
 
 
 class ElementwiseCPU(GuardedCPURule):
@@ -42,13 +48,39 @@ def _schedule(func):
     infos = normalize_prim_func(sch)
     if not infos or any(sch.get(info.block_rv).init is not None for info in infos):
         return None                # (a reduction over unit loops: normalized, it has no reduce axis
-    infos = try_inline(sch, infos)  # left, but an epilogue inlined into it would also join its init)
-    if not infos or not all(info.is_injective() for info in infos) or not _independent(sch, infos):
+    once = _computed_once(sch, infos)  # left, but an epilogue inlined into it would join its init too)
+    try_inline(sch, [info for info in infos if sch.get(info.block_rv).name_hint not in once])
+    infos = normalize_prim_func(sch)
+    if not infos or not all(info.is_injective() for info in infos) or not _independent(sch, infos, once):
         return None
     for info in infos:
         if not _tiled_transpose(sch, info):
             _parallel_vector_loop(sch, info.block_rv)
     return sch
+
+
+def _computed_once(sch, infos):
+    """The names of the stages kept out of the broadcast that reads them: a stage at least
+    ``BROADCAST`` times smaller than the function's output, costly (it calls a transcendental,
+    or reads a costly stage that is not computed once) and read by a larger stage or by
+    several.  Inlined, it would be recomputed for every element it is broadcast to: a Mamba
+    decode step's ``softplus(dt)``, per channel, read twice per (channel, state) element, was
+    2 x 3 exp/log an element of the state."""
+    blocks = [sch.get(info.block_rv) for info in infos]
+    sizes = [elements(b.writes[0].source.shape) for b in blocks]
+    once, costly = set(), set()
+    for info, block, size in zip(infos, blocks, sizes):      # (in order: producers first)
+        calls = []
+        tvm_ffi.structural_walk(block.body, lambda n: calls.append(n.op.name) if isinstance(n, tvm.ir.Call)
+                                and isinstance(n.op, tvm.ir.Op) else None)
+        producers = {sch.get(b).name_hint for b in sch.get_producers(info.block_rv)}
+        if not (any(c in TRANSCENDENTAL for c in calls) or producers & (costly - once)):
+            continue
+        costly.add(block.name_hint)
+        readers = [elements(sch.get(b).writes[0].source.shape) for b in sch.get_consumers(info.block_rv)]
+        if size * BROADCAST <= sizes[-1] < float("inf") and (len(readers) > 1 or any(n > size for n in readers)):
+            once.add(block.name_hint)
+    return once
 
 
 def _transposed_iter(sch, info):
@@ -105,15 +137,20 @@ def _tiled_transpose(sch, info):
     return True
 
 
-def _independent(sch, infos):
+def _independent(sch, infos, once=()):
     """Every block left writes a parameter of the function and reads none of the others' outputs
-    (a ``split``'s sections: one block per output, each from the same input)."""
-    written = {sch.get(info.block_rv).writes[0].source for info in infos}
-    for info in infos:
-        block = sch.get(info.block_rv)
+    (a ``split``'s sections: one block per output, each from the same input), but those of the
+    stages computed ``once``, which come first."""
+    blocks = [sch.get(info.block_rv) for info in infos]
+    first = sum(b.name_hint in once for b in blocks)
+    if any(b.name_hint in once for b in blocks[first:]):
+        return False
+    rest = blocks[first:]
+    written = {b.writes[0].source for b in rest}
+    for block in blocks:
         if len(block.writes) != 1 or any(r.source in written for r in block.reads):
             return False
-    return len(infos) == 1 or all(_is_param(sch, b) for b in written)
+    return len(rest) == 1 or all(_is_param(sch, b) for b in written)
 
 
 def _is_param(sch, buffer):
