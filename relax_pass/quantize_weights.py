@@ -28,11 +28,10 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import GenericConst
 
-from scanweaver_core.weight_formats import PANEL, weight_format
+from scanweaver_core.weight_formats import GEMV_ROWS, PANEL, weight_format
 
 MIN_SIDE = 16       # a smaller constant matrix is left as it is (a model's fixed mixing, not a layer)
 FLOATS = ("float32", "float16", "bfloat16")
-GEMV_ROWS = 8       # a product of this many rows or fewer sums group by group (``dequantize_gemv``)
 
 
 @dataclass

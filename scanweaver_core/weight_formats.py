@@ -20,6 +20,7 @@ import numpy as np
 
 PANEL = 32          # columns of a packed panel (``pack``): a register tile's width
 GROUPS = (32, 64, 128)
+GEMV_ROWS = 8       # a product of this many rows or fewer (a decode step's) is summed group by group
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,28 @@
 """A DLight-style CPU rule for a few rows times a packed integer weight, summed group by group
 (``relax_pass.quantize_weights.dequantize_gemv``: a decode step's dense layer in int4 / int8_asym).
 
-The function's reductions, ``partial[.., g, j] = sum_kk x * q`` (the integer weight
-widened in registers), ``xsum[.., g] = sum_kk x`` and
-``C[.., j] = sum_g partial * scale + xsum * low``, become one tile per panel of the weight (``PANEL`` columns, panels in parallel):
-for each group, ``partial`` accumulates in registers over the group's rows of the panel, streamed
-once, then folds into ``C``'s accumulator; ``xsum`` (a few hundred additions) is computed first,
-serially.  The epilogue (bias, activation, cast) is computed on the tile.
+The function's reductions, ``partial[.., g, j] = sum_kk x * q`` (the integer weight widened in
+registers), ``xsum[.., g] = sum_kk x`` and ``C[.., j] = sum_g partial * scale + xsum * low``,
+become one tile per few panels of the weight (``PANEL`` columns each; tiles in parallel): for
+each group, ``partial`` accumulates in registers over the group's rows of the tile's panels,
+streamed once, then folds into ``C``'s accumulator; ``xsum`` (a few hundred additions) is
+computed first, serially.  The epilogue (bias, activation, cast) is computed on the tile.
 
 Anything else returns ``None`` and is left to the next rule.
 """
 import tvm
 
-from scanweaver_core.weight_formats import PANEL
-from .cpu_rule import GuardedCPURule, has_feature, inline_epilogue, is_weight
+from scanweaver_core.weight_formats import GEMV_ROWS, PANEL
+from .cpu_rule import GuardedCPURule, elements, has_feature, inline_epilogue, is_weight
 
 HALF = PANEL // 2   # the columns of one nibble of a panel's bytes: one vector's lanes
-
-ROWS = 8    # a product of more rows is a GEMM (``dense_cpu``)
 
 
 class DequantizeGemvCPU(GuardedCPURule):
     """``dequantize_gemv``'s reductions, scheduled as one tile per few panels."""
 
     def schedule(self, func, target):
-        sch = tvm.s_tir.Schedule(func, error_render_level="detail")
+        sch = tvm.s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         stages = _stages(sch, func)
         if stages is None:
             return None
@@ -34,7 +32,7 @@ class DequantizeGemvCPU(GuardedCPURule):
         if not all(isinstance(e, tvm.tirx.IntImm) for e in extents) or int(extents[-1]) % PANEL:
             return None
         panels = _panels_per_tile(target, int(extents[-1]) // PANEL)
-        if _rows(extents[:-1]) > ROWS:
+        if elements(extents[:-1]) > GEMV_ROWS:   # (more rows: a GEMM, ``dense_cpu``'s)
             return None
         names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
         for name in names[:names.index(sch.get(main).name_hint)][::-1]:
@@ -69,13 +67,6 @@ def _panels_per_tile(target, panels):
     them), fewer where ``panels`` does not divide."""
     widest = 4 if has_feature(target, "avx512f") else 2
     return next(p for p in (widest, 2, 1) if p <= widest and panels % p == 0)
-
-
-def _rows(extents):
-    rows = 1
-    for e in extents:
-        rows *= int(e)
-    return rows
 
 
 def _is_reduction(sch, block):
