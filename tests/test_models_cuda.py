@@ -69,3 +69,17 @@ def test_quantized_weights_build_for_cuda(spec, pointer):
     source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights=spec).mod))
     assert "scanweaver_scan" in source and pointer in source
     _ptxas_clean(source)
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4_asym_g32", "int8_asym"])
+def test_a_decode_steps_quantized_layers_build_for_cuda(spec):
+    """A decode step's rows (one token) take the group-by-group GEMV (``dequantize_gemv``);
+    for CUDA, DLight's rules schedule its reductions and ptxas accepts them without spills."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.SiLU()).eval()
+    mod = sw.from_torch(layer, [torch.randn(1, 1, 128)])
+    source = "\n".join(cuda_check.module_cuda_sources(sw.compile(mod, cuda_check.SM90, weights=spec).mod))
+    assert "dequantize_gemv" in source and "uchar* __restrict__" in source
+    _ptxas_clean(source)
