@@ -126,6 +126,7 @@ def _peers(model, ids, new, weights=None):
     import torch
 
     import scanweaver_tvm as sw
+    from scanweaver_core.weight_formats import weight_format
 
     from .models import logits_module
     from .openvino_cpu import compile_openvino
@@ -140,6 +141,11 @@ def _peers(model, ids, new, weights=None):
         lm16 = sw.compile_causal_lm(copy.deepcopy(fp32).to(torch.bfloat16))
         lm16.module()
         peers["ours_bf16"] = Peer("ours, bfloat16 weights", lambda: _measure_ours(lm16, ids, new))
+    if weights and _has_bf16_dot():   # (the same format, the prefill's activations in bf16: asked for)
+        lmq = sw.compile_causal_lm(model, weights=weight_format(weights, activations="bfloat16"))
+        lmq.module()
+        peers["ours_bf16_prefill"] = Peer(f"ours, {weights} weights, bf16 prefill activations (asked for)",
+                                          lambda: _measure_ours(lmq, ids, new))
 
     last = logits_module(fp32, last=True)
     for hint, (run, precision) in compile_openvino(last, (ids,), (None, "f32")).items():
@@ -287,6 +293,14 @@ def _peer_row(label, name, med):
             + (f"{decode:.1f} | {1e3 / decode:.2f} |" if decode else "- | - |"))
 
 
+def _has_bf16_dot():
+    """This CPU multiplies bf16 pairs (AVX512-BF16): a quantized build's bf16 prefill runs."""
+    from scanweaver_core.targets import host_target
+    from tir_schedules import bf16_dot
+
+    return bf16_dot.available(host_target())
+
+
 def _peer_ratios(med):
     """Our first token against OpenVINO's, and our decode against our float32 build's."""
     out = [f"Our first token is {med[key] / med['ours_ttft']:.2f}x faster than OpenVINO's {hint}."
@@ -294,6 +308,9 @@ def _peer_ratios(med):
     if "openvino_compressed_decode" in med:
         out.append(f"Our decode is {med['ours_decode'] / med['openvino_compressed_decode']:.2f}x OpenVINO's one-token "
                    "forward with the same compression.")
+    if "ours_bf16_prefill_ttft" in med and "ours_bf16_ttft" in med:
+        out.append(f"With bf16 prefill activations our first token is {med['ours_bf16_prefill_ttft'] * 1e3:.1f} ms, "
+                   f"{med['ours_bf16_ttft'] / med['ours_bf16_prefill_ttft']:.2f}x our bf16 build's speed.")
     if "ours_f32_decode" in med:
         out.append(f"Our decode is {med['ours_decode'] / med['ours_f32_decode']:.2f}x our float32 build's "
                    "(the same weights in float32), in the same rounds.")

@@ -13,6 +13,9 @@ quantized (llama.cpp's Q8_0 / Q4_0, OpenVINO's NNCF ``INT8_ASYM`` / ``INT4_SYM``
   inside the register tile (the float weight is never written out), or, for a decode step's few
   rows, ``dequantize_gemv``, which sums group by group (``dequantize_gemv_cpu``).  Columns are
   padded to whole panels and sliced back.
+- a format that asks for bf16 activations (``weight_format(.., activations="bfloat16")``), on a
+  target with AVX512-BF16: a prefill's layers (int8 too) are ``dequantize_matmul_bf16``, whose
+  weight ``dense_cpu`` dequantizes a panel at a time to bf16 pairs for ``vdpbf16ps``.
 
 (then cast back to the layer's dtype).  The model's precision changes because the user asked;
 the report says which layers changed and to what.  A weight read as ``permute_dims`` of a
@@ -21,6 +24,7 @@ produces the logits (its weight shaped as an embedding table the function ``take
 transposed) takes the format's ``head`` format.  Embeddings (``take``) keep their precision: a token
 reads one row of them.
 """
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +33,9 @@ from tvm import relax, te
 from tvm.ir.expr import GenericConst
 
 from scanweaver_core.weight_formats import GEMV_ROWS, PANEL, weight_format
+from tir_schedules import bf16_dot
+
+LOG = logging.getLogger("scanweaver")
 
 MIN_SIDE = 16       # a smaller constant matrix is left as it is (a model's fixed mixing, not a layer)
 FLOATS = ("float32", "float16", "bfloat16")
@@ -42,6 +49,7 @@ class QuantizeReport:
     formats: list = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
+    bf16_activations: int = 0      # layers whose prefill rounds its activations to bf16 (asked for)
 
 
 def dequantize_matmul(x, packed, scale, low, group, bits):
@@ -55,6 +63,22 @@ def dequantize_matmul(x, packed, scale, low, group, bits):
     k = te.reduce_axis((0, depth), "k")
     return te.compute((*lead, _columns(packed)),
                       lambda *i: te.sum(x[(*i[:-1], k)].astype("float32") * w[k, i[-1]], axis=k), name="matmul")
+
+
+def dequantize_matmul_bf16(x, packed, scale, low, group, bits):
+    """``dequantize_matmul``'s product with both operands rounded to bf16 (float32 sums): a
+    prefill's GEMM on a CPU with AVX512-BF16, where ``dense_cpu`` dequantizes each panel of the
+    weight once, to bf16 pairs, and multiplies with ``vdpbf16ps`` (twice an FMA's products)."""
+    *lead, depth = x.shape
+    q = _stored(packed, bits)
+    rounded = te.compute(x.shape, lambda *i: x[i].astype("bfloat16"), name="activations_bf16")
+    w = te.compute((depth, _columns(packed)),
+                   lambda k, j: (q(k, j) * scale[k // group, j] + low[k // group, j]).astype("bfloat16"),
+                   name="dequantize")
+    k = te.reduce_axis((0, depth), "k")
+    return te.compute((*lead, _columns(packed)),
+                      lambda *i: te.sum(rounded[(*i[:-1], k)].astype("float32") * w[k, i[-1]].astype("float32"),
+                                        axis=k), name="matmul")
 
 
 def dequantize_gemv(x, packed, scale, low, group, bits):
@@ -153,9 +177,9 @@ def _bound(expr, lookup):
 
 @relax.expr_functor.mutator
 class _Quantize(relax.PyExprMutator):
-    def __init__(self, mod, fmt, report):
+    def __init__(self, mod, fmt, report, bf16_dot):
         super().__init__(mod)
-        self.fmt, self.report, self.tables = fmt, report, set()
+        self.fmt, self.report, self.tables, self.bf16_dot = fmt, report, set(), bf16_dot
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = super().visit_call_(call)
@@ -169,6 +193,10 @@ class _Quantize(relax.PyExprMutator):
             return call
         quantized = fmt.quantize(weight)
         x, out_dtype = call.args[0], str(call.ty.dtype)
+        bf16_prefill = fmt.activations == "bfloat16" and self.bf16_dot and not _few_rows(x)
+        if bf16_prefill:
+            quantized = quantized.unsigned()         # (int8 symmetric too: one kernel dequantizes)
+            self.report.bf16_activations += 1
         if quantized.low is None:                    # int8 symmetric: the scale is an epilogue
             y = relax.op.matmul(x, relax.const(quantized.values), out_dtype="float32")
             y = relax.op.multiply(y, relax.const(quantized.scale[0]))
@@ -176,7 +204,8 @@ class _Quantize(relax.PyExprMutator):
         else:
             packed = quantized.packed()
             tables = [quantized.padded(t) for t in (quantized.scale, quantized.low)]
-            kernel = dequantize_gemv if _few_rows(x) and _whole_groups(quantized) else dequantize_matmul
+            kernel = (dequantize_matmul_bf16 if bf16_prefill else
+                      dequantize_gemv if _few_rows(x) and _whole_groups(quantized) else dequantize_matmul)
             y = self.builder_.call_te(kernel, x, relax.const(packed), *map(relax.const, tables),
                                       group=quantized.group, bits=fmt.bits,
                                       primfunc_name_hint=f"{kernel.__name__}_{fmt.name}")
@@ -204,20 +233,26 @@ class _Quantize(relax.PyExprMutator):
         return self.visit_expr(func)
 
 
-def quantize_weights(mod, spec="int8"):
-    """``mod`` with its constant dense weights in ``spec``'s format; ``(mod, QuantizeReport)``."""
+def quantize_weights(mod, spec="int8", target=None):
+    """``mod`` with its constant dense weights in ``spec``'s format; ``(mod, QuantizeReport)``.
+    A format that asks for bf16 activations gets them in the prefill's layers where ``target``
+    has AVX512-BF16; elsewhere they stay as they are (logged)."""
     fmt, report = weight_format(spec), QuantizeReport()
-    mutator = _Quantize(mod, fmt, report)
+    dot = target is not None and bf16_dot.available(target)
+    if fmt.activations == "bfloat16" and not dot:
+        LOG.info("weights=%s asked for bf16 activations; target %s has no AVX512-BF16: they stay float32",
+                 fmt.name, target)
+    mutator = _Quantize(mod, fmt, report, dot)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.quantize(func))
     return mutator.builder_.get(), report
 
 
-def QuantizeWeights(spec="int8"):  # pylint: disable=invalid-name  (a pass, named as TVM's are)
+def QuantizeWeights(spec="int8", target=None):  # pylint: disable=invalid-name  (a pass, named as TVM's are)
     """The module pass of ``quantize_weights``."""
     @tvm.transform.module_pass(opt_level=0, name="scanweaver.QuantizeWeights")
     def _pass(mod, _ctx):
-        return quantize_weights(mod, spec)[0]
+        return quantize_weights(mod, spec, target)[0]
 
     return _pass

@@ -14,12 +14,13 @@ reads all of them; ``int8`` symmetric keeps ``q`` signed and no ``low`` (``x @ (
 (x @ q) * scale``: its scale is the matmul's epilogue).  ``dequantize`` is the oracle.
 """
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 PANEL = 32          # columns of a packed panel (``pack``): a register tile's width
 GROUPS = (32, 64, 128)
+ACTIVATIONS = ("bfloat16",)
 GEMV_ROWS = 8       # a product of this many rows or fewer (a decode step's) is summed group by group
 
 
@@ -28,11 +29,16 @@ class WeightFormat:
     """``bits`` per weight, ``group`` rows of K per scale (None: one per output channel),
     ``symmetric`` or with a zero point; ``head``: the format name of the layer that produces
     the logits (``"float"`` keeps it; None: the same as the others).  Peers keep the head at 8
-    bits under int4 (NNCF's default, llama.cpp's Q4_K_M keeps it at 6), and so does ``int4``."""
+    bits under int4 (NNCF's default, llama.cpp's Q4_K_M keeps it at 6), and so does ``int4``.
+    ``activations``: None keeps the model's; ``"bfloat16"`` lets a prefill's dense layers round
+    their activations to bf16 where the CPU multiplies bf16 pairs (AVX512-BF16: ``vdpbf16ps``,
+    twice an FMA's products), as MLC's ``q4bf16`` and OpenVINO's bf16 inference do; asked for,
+    never assumed (a decode step's layers keep float32: they are bound by the weights' bytes)."""
     bits: int
     group: int | None
     symmetric: bool
     head: str | None = None
+    activations: str | None = None
 
     @property
     def name(self):
@@ -43,7 +49,7 @@ class WeightFormat:
         None where ``head`` is ``"float"`` (the layer kept as it is)."""
         if self.head is None:
             return self
-        return None if self.head == "float" else weight_format(self.head)
+        return None if self.head == "float" else weight_format(self.head, activations=self.activations)
 
     def nbytes(self, k, n):
         """Bytes of a (K, N) weight in this format (its values, scales and lows; unpadded)."""
@@ -112,15 +118,25 @@ class QuantizedWeight:
             return np.ascontiguousarray(v)
         return np.ascontiguousarray(v[..., :PANEL // 2] | (v[..., PANEL // 2:] << 4))
 
+    def unsigned(self):
+        """This weight with unsigned values and a ``low``: ``int8`` symmetric's ``q`` as
+        ``q + 128`` with ``low = -128 * scale`` (the form the dequantizing kernels read); any
+        other format is already so."""
+        if self.low is not None:
+            return self
+        values = (self.values.astype(np.int16) + 128).astype(np.uint8)
+        return QuantizedWeight(self.fmt, values, self.scale, (-128 * self.scale).astype(np.float32))
+
     def padded(self, table):
         """``table`` (scale or low) with its columns padded with zeros to whole panels."""
         n = table.shape[1]
         return np.pad(table, ((0, 0), (0, -n % PANEL)))
 
 
-def weight_format(spec, head=None):
+def weight_format(spec, head=None, activations=None):
     """The ``WeightFormat`` named ``spec`` (``int8``, ``int8_asym``, ``int4``, ``int4_asym_g32``,
-    ...; a ``WeightFormat`` passes through); ``head`` overrides the logits layer's format."""
+    ...; a ``WeightFormat`` passes through); ``head`` overrides the logits layer's format,
+    ``activations`` (``"bfloat16"``) the prefill's activations' precision."""
     if isinstance(spec, WeightFormat):
         fmt = spec
     else:
@@ -136,5 +152,10 @@ def weight_format(spec, head=None):
     if head is not None:
         if head != "float":
             weight_format(head)                      # (a clear error for an unknown one)
-        fmt = WeightFormat(fmt.bits, fmt.group, fmt.symmetric, head)
+        fmt = replace(fmt, head=head)
+    if activations is not None:
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations={activations!r}: None keeps the model's; "
+                             f"{', '.join(map(repr, ACTIVATIONS))} rounds a prefill's")
+        fmt = replace(fmt, activations=activations)
     return fmt

@@ -191,7 +191,7 @@ def compile(mod, target="llvm", realization="tir", database=None, weights=None):
     target = _target(target)
     passes = [pipeline(target, realization, database)]
     if weights is not None:
-        passes.append(QuantizeWeights(weights))
+        passes.append(QuantizeWeights(weights, target))
     if target.kind.name == "llvm":
         passes.append(_legalize_and_fold_at_once(target))
     seq = tvm.transform.Sequential(passes + [_default_pipeline(target, database)])

@@ -158,6 +158,43 @@ def test_decode_gemv_by_target(mcpu, wide):
     assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
+def _bf16(a):
+    """float32 ``a`` rounded to bf16 (to nearest, ties to even), as float32."""
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.parametrize("mcpu,dot", [("znver3", False), ("znver4", True)])
+@pytest.mark.parametrize("spec", ["int8", "int4"])
+def test_bf16_prefill_activations_where_asked_and_the_target_has_them(spec, mcpu, dot):
+    """``activations="bfloat16"``: on AVX512-BF16 (znver4) a prefill's layer rounds its
+    activations and its dequantized weight (int8 too) to bf16 and multiplies with
+    ``vdpbf16ps`` (read in the assembly; the report counts the layer); where the host runs it,
+    equal to float64 of ``bf16(x) @ bf16(dequantize(W))`` (bf16 rounds float32 activations by
+    ~4e-3, so 1e-4 tells them apart).  On AVX2 (znver3) the layer keeps
+    float32 activations, equal to ``x @ dequantize(W)``; a decode step's rows keep them on both."""
+    torch.manual_seed(3)
+    model, x = Layer(256, 384).eval(), torch.randn(1, 67, 256)
+    fmt = weight_format(spec, activations="bfloat16")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu"})
+    mod = sw.from_torch(model, [x])
+    assert quantize_weights(mod, fmt, target)[1].bf16_activations == int(dot)
+    assert quantize_weights(sw.from_torch(model, [x[:, :1]]), fmt, target)[1].bf16_activations == 0
+    ex = sw.compile(mod, target, weights=fmt)
+    assert ("vdpbf16ps" in ex.mod.imports[0].inspect_source("asm")) == dot
+    if dot and not has_feature(host_target(), "avx512bf16"):
+        return                                             # (compiled and read; this CPU has no AVX512-BF16)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = np.asarray((out[0] if not hasattr(out, "numpy") else out).numpy(), dtype=np.float64)
+    quantized = fmt.quantize(model.lin.weight.detach().double().numpy().T).unsigned()
+    g = np.arange(256) // quantized.group
+    w = quantized.values.astype(np.float32) * quantized.scale[g] + quantized.low[g]    # (in float32, as the kernel)
+    xs = x.numpy()[0]
+    y = ((_bf16(xs).astype(np.float64) @ _bf16(w).astype(np.float64)) if dot
+         else xs.astype(np.float64) @ quantized.dequantize()) + model.lin.bias.detach().double().numpy()
+    exact = y / (1 + np.exp(-y))       # (bf16: a weight's float32 rounding, e.g. FMA or not, can
+    assert np.abs(got - exact).max() <= (1e-4 if dot else 1e-5) * np.abs(exact).max()   # move it a bf16 step)
+
+
 def test_an_unknown_format_is_a_clear_error():
     model = transformers.MambaForCausalLM(transformers.MambaConfig(
         vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2))
@@ -248,3 +285,28 @@ def test_int4_model_computes_its_quantized_weights(family, spec):
         assert np.abs(got - want[position]).max() <= 1e-4 * np.abs(want[position]).max(), (family, position)
         logits, states = lm.decode(tokens[:, position + 1].numpy(), states)
     assert torch.equal(lm.generate(ids, max_new_tokens=5), tokens)
+
+
+@pytest.mark.parametrize("family,spec", [("mamba", "int4"), ("qwen3_next", "int8")])
+def test_bf16_prefill_model_follows_its_quantized_weights(family, spec):
+    """``activations="bfloat16"`` through ``compile_causal_lm`` (a prefill of any length: the
+    rows symbolic): teacher-forced on the quantized model's greedy tokens, the logits within
+    1% of that model's where this CPU has AVX512-BF16 (the prefill's layers round their
+    activations to bf16; decode keeps float32), within 1e-4 where it has not (the format's
+    request is not met there, and nothing else changes); the greedy tokens its."""
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval()
+    fmt = weight_format(spec, activations="bfloat16")
+    reference = _quantized_copy(model, fmt)
+    lm = sw.compile_causal_lm(model, weights=fmt)
+    tolerance = 1e-2 if has_feature(host_target(), "avx512bf16") else 1e-4
+    ids = torch.randint(3, 60, (1, 37), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch_kernels():
+        tokens = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4)
+        want = reference(tokens).logits[0].double().numpy()
+    logits, states = lm.prefill(ids.numpy(), max_length=tokens.shape[1] + 1)
+    for position in range(ids.shape[1] - 1, tokens.shape[1] - 1):
+        got = logits.numpy()[0].astype(np.float64)
+        assert np.abs(got - want[position]).max() <= tolerance * np.abs(want[position]).max(), (family, position)
+        assert got.argmax() == int(tokens[0, position + 1])
+        logits, states = lm.decode(tokens[:, position + 1].numpy(), states)

@@ -12,7 +12,9 @@ gives it the classic register-blocked form:
   for the target's registers),
 - tiles over ``(batch, i, j)`` in parallel (with symbolic rows, ``L`` or ``batch * L``: rows
   padded to ``MR`` into a copy made in parallel, column panels in parallel, row tiles in turn),
-- producers inlined, the epilogue (bias, activation, residual) computed per tile while hot.
+- producers inlined, the epilogue (bias, activation, residual) computed per tile while hot;
+  a quantized weight's dequantization inlined into the tile too, or, when it is to bf16 (a
+  prefill asked for bf16 activations), computed once a panel, in pairs for ``vdpbf16ps``.
 
 Anything it does not recognize returns ``None`` and is left to the next rule.
 """
@@ -76,7 +78,9 @@ class DenseCPU(GuardedCPURule):
         """``dot``: the target has AVX512-BF16, ``amx``: AMX-BF16.  A bf16 x bf16 product with a
         weight then multiplies by ``bf16_dot``'s intrinsic (k in pairs), or, with 32 rows or
         more (prefill), by ``amx_bf16``'s 32 x 32 tiles (k in steps of 32); the weight is
-        packed in pairs for both."""
+        packed in pairs for both.  A quantized weight dequantized to bf16
+        (``dequantize_matmul_bf16``) is dequantized a panel at a time, in pairs, under the
+        parallel panel loop, and multiplied by ``bf16_dot``'s intrinsic."""
         mr, nr = tile.rows, tile.cols
         sch = s_tir.Schedule(func, error_render_level="none")   # (failed trials are expected: no error text)
         if not _has_root(sch):
@@ -93,9 +97,13 @@ class DenseCPU(GuardedCPURule):
         producers = blocks[:position]
         waits = [_is_dequantize(sch, b, func) for b in producers]   # (a weight's dequantization:
         dequantize = [b for b, wait in zip(producers, waits) if wait]   # inlined after padding)
+        quantized_dot = (dot and len(kinds) > 2 and len(dequantize) == 1   # (rows: one dequantized
+                         and _bf16_operands(sch.get(mm)) and _writes(sch, dequantize, mm, 1))   # panel, all rows)
+        rounded = [b for b in producers if quantized_dot and _writes(sch, [b], mm, 0) and _casts_to_bf16(sch.get(b))]
         for b, wait in reversed(list(zip(producers, waits))):   # producers (reshapes, casts) into
-            if not wait:                           # their users (one that will not: apply
-                sch.compute_inline(b)              # leaves the func)
+            if not wait and b not in rounded:      # their users (one that will not: apply
+                sch.compute_inline(b)              # leaves the func; activations rounded to bf16
+                #                                    for a quantized weight's dot: kept whole)
         extents = [sch.get(loop).extent for loop in sch.get_loops(mm)]
         if not all(isinstance(e, tvm.tirx.IntImm) for e in extents[-2:]):
             return None                            # (rows and batch may be symbolic: B*L)
@@ -105,8 +113,8 @@ class DenseCPU(GuardedCPURule):
             return None                            # h @ C): a tile would be 1 column of NR (the
             #                                        reduction rules take it)
         dot = (dot and nr % bf16_dot.LANES == 0 and _bf16_operands(sch.get(mm))   # (a weight: it is
-               and is_weight(func, sch.get(mm).reads[1].source))                 # packed in pairs)
-        amx = (dot and amx and nr == amx_bf16.COLS and len(kinds) > 2
+               and (is_weight(func, sch.get(mm).reads[1].source) or quantized_dot))   # packed in pairs)
+        amx = (dot and not dequantize and amx and nr == amx_bf16.COLS and len(kinds) > 2
                and (rows is None or rows >= amx_bf16.ROWS))
         tile_rows = amx_bf16.ROWS if amx else mr if rows is None or rows > mr else rows   # (few rows: one tile)
         k_step = amx_bf16.STEP if amx else 2 if dot else 1
@@ -123,8 +131,18 @@ class DenseCPU(GuardedCPURule):
                     sch.compute_inline(b)
                 except RuntimeError:
                     pass
-        for b in dequantize[::-1]:                 # (after padding: pad_einsum reads plain loads)
-            sch.compute_inline(b)
+        for b in rounded:                          # the activations rounded to bf16: into their
+            if _writes(sch, [b], mm, 0):           # padded copy, or a copy of their own
+                sch.parallel(sch.fuse(*sch.get_loops(b)[:-1]))
+            else:
+                sch.compute_inline(b)
+        if quantized_dot:                          # a panel dequantized once, to bf16 pairs
+            (panel_weight,) = dequantize
+            sch.transform_layout(panel_weight, ("write", 0), bf16_dot.pairs_layout(nr))
+        else:
+            for b in dequantize[::-1]:             # (after padding: pad_einsum reads plain loads)
+                sch.compute_inline(b)
+            panel_weight = None
         *outer, k = sch.get_loops(mm)
         j = outer.pop()
         i = outer.pop() if outer else None
@@ -148,11 +166,18 @@ class DenseCPU(GuardedCPURule):
         sch.reverse_compute_at(acc, tiles[-1])
         inline_epilogue(sch, acc)                  # bias, activation: on the tile, while hot
         sch.vectorize(sch.get_loops(acc)[-1])
-        if rows is None:     # symbolic rows: panels in parallel, row tiles in turn (a fused index
-            parallel = sch.fuse(*tiles[:-1])      # would divide by L, and the tile's accumulator
-        else:                                     # would not shrink to MR x NR)
-            parallel = sch.fuse(*tiles)
+        if rows is None or panel_weight is not None:   # panels in parallel, row tiles in turn:
+            parallel = sch.fuse(*tiles[:-1])   # symbolic rows (a fused index would divide by L, and the
+        else:                                  # tile's accumulator would not shrink to MR x NR), or a
+            parallel = sch.fuse(*tiles)        # dequantized panel (every row tile reuses it)
         sch.parallel(parallel)
+        if panel_weight is not None:               # its panel's rows of k in pairs, each row
+            sch.compute_at(panel_weight, parallel)  # of the panel a vector
+            k_rows, columns = sch.get_loops(panel_weight)[-2:]
+            _, pair = sch.split(k_rows, [None, 2])
+            sch.reorder(pair, columns)
+            sch.unroll(pair)
+            sch.vectorize(columns)
         if amx:
             sch.decompose_reduction(mm, ii)
             sch.tensorize(ii, amx_bf16.intrin(_padded(depth, k_step)))
@@ -180,6 +205,18 @@ def _bf16_operands(block):
     product = block.body.value.b
     return (str(block.body.buffer.dtype) == "float32" and isinstance(product.a, tirx.Cast)
             and isinstance(product.b, tirx.Cast) and all(str(r.source.dtype) == "bfloat16" for r in block.reads))
+
+
+def _writes(sch, blocks, mm, operand):
+    """One of ``blocks`` writes ``mm``'s read ``operand``."""
+    source = sch.get(mm).reads[operand].source
+    return any(sch.get(b).writes[0].source.same_as(source) for b in blocks)
+
+
+def _casts_to_bf16(block):
+    """``block`` writes bf16 from float32 reads (activations rounded for ``bf16_dot``)."""
+    return (str(block.writes[0].source.dtype) == "bfloat16"
+            and any(str(r.source.dtype) == "float32" for r in block.reads))
 
 
 def _is_dequantize(sch, block, func):
