@@ -106,18 +106,23 @@ def test_quantized_layer_equals_its_dequantized_weight(spec, dtype, rows, depth)
     assert np.abs(got - plain).max() <= (3e-2 if fmt.bits == 8 else 0.2) * np.abs(plain).max()
 
 
-@pytest.mark.parametrize("spec,packed,rows,rule", [("int8", "int8", 5, "DenseCPU"),
-                                                   ("int4_asym_g32", "uint8", 12, "DenseCPU"),
-                                                   ("int4", "uint8", 1, "DequantizeGemvCPU")])
-def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule):
+@pytest.mark.parametrize("spec,packed,rows,rule,depth,cols", [("int8", "int8", 5, "DenseCPU", 128, 256),
+                                                              ("int4_asym_g32", "uint8", 3, "DenseCPU", 200, 256),
+                                                              ("int4_asym_g32", "uint8", 12, "DenseCPU", 128, 256),
+                                                              ("int4", "uint8", None, "DenseCPU", 128, 20),
+                                                              ("int4", "uint8", 1, "DequantizeGemvCPU", 128, 256)])
+def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule, depth, cols):
     """Through the CPU pipeline (legalized, fused, scheduled, weights packed): the dense kernel
     reads its packed weight (int8 panels; int4: two a byte, widened in registers: in the
-    register tile of a GEMM, in each group's accumulators of a decode step's GEMV) and no float
-    copy of the weight is left anywhere."""
+    register tile of a GEMM with one row tile, once a panel under the parallel panel loop where
+    several row tiles reuse it (also over a symbolic length, one panel wide), in each group's
+    accumulators of a decode step's GEMV; K off the groups keeps the GEMM) and no float copy of
+    the weight is left anywhere."""
     torch.manual_seed(1)
-    model, x = Layer(128, 256).eval(), torch.randn(1, rows, 128)
+    model, x = Layer(depth, cols).eval(), torch.randn(1, rows or 40, depth)
     target = host_target()
-    mod = sw.from_torch(model, [x])
+    mod = (sw.from_torch(model, [x]) if rows else
+           sw.from_torch(model, [x], dynamic_shapes=({1: torch.export.Dim("L", min=2, max=4096)},)))
     with target:
         lowered = tvm.transform.Sequential([sw.pipeline(target), QuantizeWeights(spec),
                                             *dense_cpu.tunable_passes(target), *dense_cpu.schedule_passes()])(mod)
@@ -128,10 +133,14 @@ def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule):
     assert len(dense) == 1
     assert [str(p.ty.dtype) for p in dense[0].params if len(p.ty.shape) == 3] == [packed]
     script = dense[0].script()
-    assert 'sblock("dequantize")' not in script                     # (inlined into the register tile)
+    per_panel = rule == "DenseCPU" and spec != "int8" and (rows is None or rows > dense_cpu.register_tile(target).rows)
+    if per_panel:                                                    # (under the panel loop, before the tiles)
+        assert script.index("T.parallel(") < script.index('sblock("dequantize")') < script.index('sblock("matmul')
+    else:                                                            # (inlined into the register tile)
+        assert 'sblock("dequantize")' not in script
     if rule == "DequantizeGemvCPU":                                  # (a group's sums: in registers)
         assert 'partial_local = T.sblock_alloc_buffer' in script and 'scope="local"' in script
-    floats = [c for c in _constants(lowered) if "float" in str(c.value.dtype) and np.prod(c.value.shape) >= 128 * 256]
+    floats = [c for c in _constants(lowered) if "float" in str(c.value.dtype) and np.prod(c.value.shape) >= depth * cols]
     assert not floats, [tuple(c.value.shape) for c in floats]
 
 

@@ -13,8 +13,9 @@ gives it the classic register-blocked form:
 - tiles over ``(batch, i, j)`` in parallel (with symbolic rows, ``L`` or ``batch * L``: rows
   padded to ``MR`` into a copy made in parallel, column panels in parallel, row tiles in turn),
 - producers inlined, the epilogue (bias, activation, residual) computed per tile while hot;
-  a quantized weight's dequantization inlined into the tile too, or, when it is to bf16 (a
-  prefill asked for bf16 activations), computed once a panel, in pairs for ``vdpbf16ps``.
+  a quantized weight's dequantization computed once a panel where several row tiles reuse it
+  (to bf16 pairs for ``vdpbf16ps`` where a prefill asked for bf16 activations), inlined into
+  the tile where there is one.
 
 Anything it does not recognize returns ``None`` and is left to the next rule.
 """
@@ -136,10 +137,11 @@ class DenseCPU(GuardedCPURule):
                 sch.parallel(sch.fuse(*sch.get_loops(b)[:-1]))
             else:
                 sch.compute_inline(b)
-        if quantized_dot:                          # a panel dequantized once, to bf16 pairs
-            (panel_weight,) = dequantize
-            sch.transform_layout(panel_weight, ("write", 0), bf16_dot.pairs_layout(nr))
-        else:
+        if quantized_dot or (len(dequantize) == 1 and len(kinds) > 2 and (rows is None or rows > tile_rows)):
+            (panel_weight,) = dequantize           # a panel dequantized once (to bf16 pairs for the
+            sch.transform_layout(panel_weight, ("write", 0),   # dot), every row tile reusing it
+                                 (bf16_dot.pairs_layout if quantized_dot else panels_layout)(nr))
+        else:                                      # (one row tile: in the tile)
             for b in dequantize[::-1]:             # (after padding: pad_einsum reads plain loads)
                 sch.compute_inline(b)
             panel_weight = None
@@ -161,7 +163,9 @@ class DenseCPU(GuardedCPURule):
         else:
             sch.reorder(*outer, jo, ko, *inner)
             tiles, ii = [*outer, jo], None
-        _pack_weight(sch, mm, func, (bf16_dot.pairs_layout if dot else panels_layout)(nr))
+        if panel_weight is None:                   # (a dequantized panel is laid out already: one
+            _pack_weight(sch, mm, func, (bf16_dot.pairs_layout if dot else panels_layout)(nr))   # panel's
+        #                                            layout simplifies to the plain one, not a pad)
         acc = sch.cache_write(mm, 0, "local")
         sch.reverse_compute_at(acc, tiles[-1])
         inline_epilogue(sch, acc)                  # bias, activation: on the tile, while hot
@@ -171,12 +175,13 @@ class DenseCPU(GuardedCPURule):
         else:                                  # tile's accumulator would not shrink to MR x NR), or a
             parallel = sch.fuse(*tiles)        # dequantized panel (every row tile reuses it)
         sch.parallel(parallel)
-        if panel_weight is not None:               # its panel's rows of k in pairs, each row
-            sch.compute_at(panel_weight, parallel)  # of the panel a vector
+        if panel_weight is not None:               # each row of the panel a vector (bf16: its
+            sch.compute_at(panel_weight, parallel)  # rows of k in pairs)
             k_rows, columns = sch.get_loops(panel_weight)[-2:]
-            _, pair = sch.split(k_rows, [None, 2])
-            sch.reorder(pair, columns)
-            sch.unroll(pair)
+            if quantized_dot:
+                _, pair = sch.split(k_rows, [None, 2])
+                sch.reorder(pair, columns)
+                sch.unroll(pair)
             sch.vectorize(columns)
         if amx:
             sch.decompose_reduction(mm, ii)
