@@ -10,9 +10,9 @@ quantized (llama.cpp's Q8_0 / Q4_0, OpenVINO's NNCF ``INT8_ASYM`` / ``INT4_SYM``
   ``Wq`` int8; ``dense_cpu`` packs it and widens it in registers.
 - every other format: one kernel over the weight packed in panels (``QuantizedWeight.packed``),
   ``x @ (q * scale + low)``: ``dequantize_matmul``, whose dequantization ``dense_cpu`` computes
-  inside the register tile (the float weight is never written out), or, for a decode step's few
-  rows, ``dequantize_gemv``, which sums group by group (``dequantize_gemv_cpu``).  Columns are
-  padded to whole panels and sliced back.
+  once a panel of columns, or inside the register tile for one row tile (the float weight is
+  never written out whole), or, for a decode step's few rows, ``dequantize_gemv``, which sums
+  group by group (``dequantize_gemv_cpu``).  Columns are padded to whole panels and sliced back.
 - a format that asks for bf16 activations (``weight_format(.., activations="bfloat16")``), on a
   target with AVX512-BF16: a prefill's layers (int8 too) are ``dequantize_matmul_bf16``, whose
   weight ``dense_cpu`` dequantizes a panel at a time to bf16 pairs for ``vdpbf16ps``.
@@ -55,7 +55,8 @@ class QuantizeReport:
 def dequantize_matmul(x, packed, scale, low, group, bits):
     """``x @ W`` (float32) with ``W[k, j] = q[k, j] * scale[k // group, j] + low[k // group, j]``
     and ``q`` read from its panels (``QuantizedWeight.packed``): a TE compute of two stages, the
-    dequantization (which ``dense_cpu`` inlines into its register tile) and the matmul."""
+    dequantization (which ``dense_cpu`` computes a panel at a time, or in its register tile) and
+    the matmul."""
     *lead, depth = x.shape
     q = _stored(packed, bits)
     w = te.compute((depth, _columns(packed)),
