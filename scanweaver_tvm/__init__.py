@@ -4,14 +4,15 @@ The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` / ``StabilizedScanSp
 stage; ``reference`` holds their float64 oracles; ``algebra`` the affine-pair composition (all
 three defined in ``scanweaver_core``, the vocabulary every layer shares).  The model-level API
 (``from_torch``, ``from_onnx``, ``find_recurrences``, ``FuseAffineRecurrences``, ``compile``,
-``pipeline``) lives in ``api`` and is loaded on first use; ``compile_causal_lm`` (prefill,
-decode and ``generate`` of a transformers causal LM) in ``causal_lm``.
+``pipeline``: the Relax pipeline ``compile`` runs, for ``tvm.compile``; ``passes``: our two
+alone) lives in ``api`` and is loaded on first use; ``compile_causal_lm`` (prefill, decode and
+``generate`` of a transformers causal LM) in ``causal_lm``.
 """
 from scanweaver_core import algebra, reference
 from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, StabilizedScanSpec
 
 _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
-        "pipeline", "compile")
+        "passes", "pipeline", "compile")
 __all__ = ["AffineScanSpec", "SelectiveScanSpec", "StabilizedScanSpec", "algebra", "reference", *_API, "tune",
            "compile_causal_lm"]
 
@@ -33,20 +34,18 @@ _use_every_core()
 
 def _register_pipeline():
     """``tvm.compile(mod, target, relax_pipeline="scanweaver")`` right after ``import
-    scanweaver_tvm``: the target comes from the surrounding ``with target:`` that
-    ``tvm.compile`` sets up; the passes are imported when the pipeline is built."""
+    scanweaver_tvm``: ``api.pipeline`` (what ``compile`` runs) for the target of the surrounding
+    ``with target:`` that ``tvm.compile`` sets up; the passes are imported when it runs."""
     import tvm
     from tvm import relax
 
     @relax.register_pipeline("scanweaver")
-    def _scanweaver(realization="tir"):
+    def _scanweaver(realization="tir", database=None, weights=None):
         from . import api
 
-        @tvm.transform.module_pass(opt_level=0, name="scanweaver.pipeline")
+        @tvm.transform.module_pass(opt_level=0, name="scanweaver.registered")
         def _apply(mod, _ctx):
-            target = tvm.target.Target.current()
-            return tvm.transform.Sequential([api.pipeline(target, realization),
-                                             api._default_pipeline(target)])(mod)  # noqa: SLF001
+            return api.pipeline(tvm.target.Target.current(), realization, database, weights)(mod)
 
         return _apply
 

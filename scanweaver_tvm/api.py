@@ -14,7 +14,7 @@ from relax_pass.quantize_weights import QuantizeWeights
 from . import compile_watch
 
 __all__ = ["from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
-           "pipeline", "compile"]
+           "passes", "pipeline", "compile"]
 
 
 def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, trace_sizes=None):
@@ -169,19 +169,47 @@ def _default_pipeline(target, database=None):
     return relax.get_pipeline("default")
 
 
-def pipeline(target, realization="tir", database=None):
-    """Our passes for ``target``: FuseAffineRecurrences then LowerScans.  Put it in front of
-    ``relax.get_default_pipeline(target)`` (``compile`` does exactly that).  ``database``:
-    tuning records from ``tune`` (each tuned scan uses its best record)."""
+def passes(target, realization="tir", database=None):
+    """Our two passes for ``target``, FuseAffineRecurrences then LowerScans: the scans fused and
+    realized, the rest of the module left as it is.  For composing a pipeline of your own; put
+    in front of ``relax.get_default_pipeline(target)`` the module computes the same as
+    ``compile``'s, but runs slower: on a CPU TVM's pipeline leaves the dense layers as naive
+    loops (``pipeline`` keeps our rules).  ``database``: tuning records from ``tune``."""
     target = _target(target)
     return tvm.transform.Sequential([FuseAffineRecurrences(),
                                      LowerScans(target, realization, database=database)],
                                     name="scanweaver")
 
 
+def pipeline(target, realization="tir", database=None, weights=None):
+    """The whole Relax pipeline ``compile`` runs for ``target``, so that
+    ``tvm.compile(mod, target, relax_pipeline=pipeline(target))`` is ``compile(mod, target)``:
+    ``passes``, the weights quantized where ``weights`` names a format, on LLVM the legalized
+    constants folded at once, then TVM's default pipeline with our rules (``_default_pipeline``:
+    dense layers scheduled, states updated in place).  Use it in place of
+    ``relax.get_default_pipeline(target)``, not in front of it.  The arguments are
+    ``compile``'s."""
+    target = _target(target)
+    seq = [passes(target, realization, database)]
+    if weights is not None:
+        seq.append(QuantizeWeights(weights, target))
+    if target.kind.name == "llvm":
+        seq.append(_legalize_and_fold_at_once(target))
+    seq.append(_default_pipeline(target, database))
+    inner = tvm.transform.Sequential(seq, name="scanweaver.pipeline")
+
+    @tvm.transform.module_pass(opt_level=0, name="scanweaver.Pipeline")
+    def _pipeline(mod, _ctx):
+        with target:       # (tvm.compile enters it too; applied by hand, the rules need it)
+            return inner(mod)
+
+    return _pipeline
+
+
 def compile(mod, target="llvm", realization="tir", database=None, weights=None):  # noqa: A001 (mirrors tvm.compile)
     """Fuse recurrences, lower each scan with ``realization`` for ``target``, then TVM's default
-    pipeline; returns an Executable for ``relax.VirtualMachine``.  ``"llvm"`` is the host CPU.
+    pipeline with our rules (``pipeline``); returns an Executable for ``relax.VirtualMachine``.
+    ``"llvm"`` is the host CPU.
     ``database``: MetaSchedule records from ``tune``: every scan and (on a CPU) every fused
     kernel with a record uses its best; the rest are scheduled as without.  ``weights``:
     a weight format (``"int8"``, ``"int4"``, ``"int4_asym_g32"``, ...:
@@ -189,12 +217,7 @@ def compile(mod, target="llvm", realization="tir", database=None, weights=None):
     (``relax_pass.quantize_weights``; the model's precision changed because you asked); None
     keeps them."""
     target = _target(target)
-    passes = [pipeline(target, realization, database)]
-    if weights is not None:
-        passes.append(QuantizeWeights(weights, target))
-    if target.kind.name == "llvm":
-        passes.append(_legalize_and_fold_at_once(target))
-    seq = tvm.transform.Sequential(passes + [_default_pipeline(target, database)])
+    seq = pipeline(target, realization, database, weights)
     with compile_watch.watch():          # a pass of TVM's running long is reported as it runs
         return tvm.compile(mod, target=target, relax_pipeline=seq)
 

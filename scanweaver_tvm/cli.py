@@ -137,7 +137,7 @@ def _resolve(request, realization, steps):
     except Exception as err:
         raise CLIError(f"--target: {_describe(err)}") from err
     try:
-        api.pipeline(target, realization)
+        api.passes(target, realization)
         if realization == "mlir":
             from mlir_bridge import tools
 
@@ -266,7 +266,7 @@ def cmd_show_tir(args, steps):
     from . import api
 
     with steps(f"lowering scans for {_describe_target(target)}", "cannot lower the scans"):
-        lowered = api.pipeline(target, args.realization)(mod)
+        lowered = api.passes(target, args.realization)(mod)
     funcs = [(g.name_hint, f) for g, f in lowered.functions_items()
              if isinstance(f, tirx.PrimFunc) and g.name_hint.startswith("scanweaver_scan")]
     if not funcs:

@@ -37,12 +37,9 @@ def compiled_kernels(mod, target, database, names):
     """``{task name: PrimFunc}``: the kernels ``sw.compile(mod, target, database=database)``
     builds for the tasks ``names`` (the pipeline's copies, ``*_weights``/``*_prepacked``,
     found by their task's name), scheduled, weights packed where the rule packs them."""
-    from .api import _default_pipeline, _legalize_and_fold_at_once, pipeline
+    from .api import pipeline
 
-    passes = [pipeline(target, "tir", database), _legalize_and_fold_at_once(target),
-              _default_pipeline(target, database)]
-    with target:
-        lowered = tvm.transform.Sequential(passes)(mod)
+    lowered = pipeline(target, "tir", database)(mod)
     found = {}
     for gv, func in sorted(lowered.functions_items(), key=lambda item: not item[0].name_hint.endswith("_prepacked")):
         name = _SUFFIXES.sub("", gv.name_hint)

@@ -79,14 +79,14 @@ def model_tasks(mod, target="llvm"):
 
     from tir_schedules import dense_cpu
 
-    from .api import _legalize_and_fold_at_once, pipeline
+    from .api import _legalize_and_fold_at_once, passes
 
     target = tir_schedules.resolve_target(target)
     if target.kind.name != "llvm":
         raise NotImplementedError(f"target {target.kind.name}: whole-model tuning runs on a CPU target; "
                                   "tune the scans alone with sw.tune(spec, target)")
     with target:
-        fused = tvm.transform.Sequential([pipeline(target), _legalize_and_fold_at_once(target)]
+        fused = tvm.transform.Sequential([passes(target), _legalize_and_fold_at_once(target)]
                                          + dense_cpu.tunable_passes(target))(mod)
     return [t for t in ms.relax_integration.extract_tasks(fused, target) if _tunable(t.dispatched[0]["main"])]
 

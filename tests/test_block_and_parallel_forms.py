@@ -48,7 +48,7 @@ def test_minimax_lightning_block_loop_is_one_matrix_scan_per_linear_layer(length
     assert (spec.decay, spec.g_shape) == ("scalar", (1, 4, 1, 1))
     slopes = lm.lm.model.layers[0].self_attn.slope_rate.flatten().double()
     np.testing.assert_allclose(found[0].chunked.decay_values, torch.exp(-slopes).numpy(), rtol=1e-6)
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     assert not [s for s in tensor_shapes(lowered) if (BLOCK, BLOCK) in zip(s, s[1:])], \
         "a (block, block) tensor is left"
     with torch.no_grad():

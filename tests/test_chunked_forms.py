@@ -69,7 +69,7 @@ def _check(model, ids, layers):
     assert all(r.chunked is not None for r in found)
     # (a near miss may remain: the chain finder reads two layers' norms as two steps)
     assert all(r.form == "affine" for r in sw.find_recurrences(mod, include_rejected=True) if r.rejected)
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     assert not _blocked(tensor_shapes(lowered), ids.shape[1]), "a blocked (chunks, chunk) tensor is left"
     assert_outputs_match(run_model(mod, [ids]), [_logits(model, ids)], rtol=1e-4)
 
@@ -300,7 +300,7 @@ def test_chunk_simple_gla_loop_is_one_matrix_scan(length):
     with torch.no_grad():
         want = model(*args).numpy()
     assert_outputs_match(run_model(mod, list(args)), [want], rtol=1e-4)
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     assert not _blocked(tensor_shapes(lowered), length)
 
 

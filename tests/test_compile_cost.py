@@ -36,7 +36,7 @@ def test_folded_at_once_compiles_to_the_same_module():
     x = torch.randn(2, 6, 30, generator=torch.Generator().manual_seed(1))
     mod = sw.from_torch(InPlaceWrites().eval(), (x,))
     target = api._target("llvm")
-    fused = api.pipeline(target)(mod)
+    fused = api.passes(target)(mod)
     with target:
         plain = api._default_pipeline(target)(fused)
         legalized = relax.transform.LegalizeOps()(fused)

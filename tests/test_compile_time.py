@@ -161,7 +161,7 @@ def test_the_rule_that_scheduled_a_function_is_on_it():
     from tir_schedules.cpu_rule import RULE_ATTR
 
     target = api._target("llvm")
-    mod = api._legalize_and_fold_at_once(target)(api.pipeline(target)(sw.from_torch(model.eval(), args)))
+    mod = api._legalize_and_fold_at_once(target)(api.passes(target)(sw.from_torch(model.eval(), args)))
     with target:
         mod = tvm.transform.Sequential(dense_cpu.tunable_passes(target) + dense_cpu.schedule_passes())(mod)
     rules = {str(f.attrs[RULE_ATTR]) for _, f in mod.functions_items()

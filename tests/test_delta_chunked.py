@@ -123,7 +123,7 @@ def test_hf_qwen3_next_gated_deltanet_layer_is_one_scan(torch_path):
     mod = sw.from_torch(model, (ids,))
     found = [r for r in sw.find_recurrences(mod, include_rejected=True) if r.form == "delta"]
     assert [(r.rejected, r.length) for r in found] == [(False, 20)], found
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     blocked = [s for s in tensor_shapes(lowered) if len(s) >= 5 and 64 in s]      # (B, H, chunks, 64, .)
     assert not blocked, f"a blocked tensor is left: {blocked[:3]}"
     with torch.no_grad():

@@ -155,7 +155,7 @@ def test_chunk_simple_gla_with_padding_and_final_state(length, final):
     fn = lambda q, k, v, g: naive_chunk_simple_gla(q, k, v, g, output_final_state=final, chunk_size=4)  # noqa: E731
     found = _check(fn, args, [("matrix", length)])
     assert found[0].chunked.spec.return_last_state == final
-    assert not _square(tensor_shapes(sw.pipeline("llvm")(sw.from_torch(Fn(fn), args))), 4)
+    assert not _square(tensor_shapes(sw.passes("llvm")(sw.from_torch(Fn(fn), args))), 4)
 
 
 @pytest.mark.parametrize("length", [7, 11])
@@ -167,7 +167,7 @@ def test_parallel_simple_gla_with_its_score_scale(length):
     fn = lambda q, k, v, g: naive_parallel_simple_gla(q, k, v, g)[0]  # noqa: E731
     found = _check(fn, args, [("matrix", length)])
     np.testing.assert_allclose(found[0].chunked.scale, [K ** -0.5] * H, rtol=1e-6)
-    assert not _square(tensor_shapes(sw.pipeline("llvm")(sw.from_torch(Fn(fn), args))), length)
+    assert not _square(tensor_shapes(sw.passes("llvm")(sw.from_torch(Fn(fn), args))), length)
 
 
 def test_parallel_simple_gla_returning_its_scores_is_left_alone():

@@ -55,7 +55,7 @@ def test_mamba_is_one_selective_scan_per_layer_and_matches_pytorch(layers, batch
     mod = sw.from_torch(model, (ids,))
     found = sw.find_recurrences(mod, include_rejected=True)
     assert [(r.form, r.rejected, r.length) for r in found] == [("selective", False, length)] * layers, found
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     d, n = 2 * 32, 8
     big = sorted((batch, d, length, n))
     assert not [s for s in tensor_shapes(lowered) if sorted(s) == big], "a (B, D, L, N) tensor is left"

@@ -214,7 +214,7 @@ def test_block_is_one_matrix_scan_equal_to_pytorch(name):
     fused, recs = fuse(mod)
     matrix = [r for r in recs if r.form == "matrix"]
     assert len(matrix) == 1 and not matrix[0].rejected
-    biggest = max(int(np.prod(s)) for s in tensor_shapes(sw.pipeline("llvm")(mod)))  # Relax and TIR
+    biggest = max(int(np.prod(s)) for s in tensor_shapes(sw.passes("llvm")(mod)))  # Relax and TIR
     assert biggest < _state_sequence_size(mod), "a tensor of the state sequence's size is left"
     assert_outputs_match(run_model(mod, (x,)), torch_outputs(model, (x,)), rtol=1e-4)
 

@@ -32,7 +32,7 @@ def _scan_funcs(mod):
 def test_models_match_pytorch(factory, kwargs):
     model, args = factory(**kwargs)
     mod = sw.from_torch(model, args)
-    lowered = sw.pipeline("llvm", realization="mlir")(mod)
+    lowered = sw.passes("llvm", realization="mlir")(mod)
     funcs = _scan_funcs(lowered)
     assert len(funcs) == 1
     func = next(iter(funcs.values()))
@@ -145,7 +145,7 @@ def test_two_scans_link_into_one_module():
 def test_two_scans_on_cuda_launch_their_own_kernels():
     """Each scan's device module is imported separately: kernel names are per spec, or the
     second launch would find the first scan's kernel."""
-    lowered = sw.pipeline(cuda_check.SM90, realization="mlir")(_two_scans())
+    lowered = sw.passes(cuda_check.SM90, realization="mlir")(_two_scans())
     kernels = [str(k) for f in _scan_funcs(lowered).values() for k in f.attrs["scanweaver.kernels"]]
     assert len(kernels) == 2 and len(set(kernels)) == 2
     ptx = cuda_check.module_ptx(sw.compile(_two_scans(), cuda_check.SM90, realization="mlir").mod)
@@ -163,7 +163,7 @@ def test_cuda_executable_carries_checked_ptx(factory, kwargs, tmp_path):
     ex = sw.compile(mod, cuda_check.SM90, realization="mlir")
     ptx = cuda_check.module_ptx(ex.mod)
     assert len(ptx) == 1
-    host = _scan_funcs(sw.pipeline(cuda_check.SM90, realization="mlir")(mod))
+    host = _scan_funcs(sw.passes(cuda_check.SM90, realization="mlir")(mod))
     kernels = [str(k) for f in host.values() for k in f.attrs["scanweaver.kernels"]]
     for name in kernels:                                  # every launched kernel is in the PTX
         assert f".entry {name}(" in ptx[0]

@@ -124,7 +124,7 @@ def test_lowered_module_keeps_every_weight_packed(spec, packed, rows, rule, dept
     mod = (sw.from_torch(model, [x]) if rows else
            sw.from_torch(model, [x], dynamic_shapes=({1: torch.export.Dim("L", min=2, max=4096)},)))
     with target:
-        lowered = tvm.transform.Sequential([sw.pipeline(target), QuantizeWeights(spec),
+        lowered = tvm.transform.Sequential([sw.passes(target), QuantizeWeights(spec),
                                             *dense_cpu.tunable_passes(target), *dense_cpu.schedule_passes()])(mod)
     called = []
     relax.analysis.post_order_visit(lowered["main"], lambda e: called.append(e.name_hint)

@@ -99,7 +99,7 @@ def test_registered_pipeline_and_pipeline_pass():
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
     assert_outputs_match([out[0].numpy()], torch_outputs(model, args))
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     assert "scanweaver_scan" in lowered.script(show_meta=False)      # the scheduled TIR is in the module
     assert "call_pure_packed" not in lowered.script(show_meta=False)
 
@@ -112,7 +112,7 @@ def test_mamba_becomes_one_fused_selective_scan(batch):
     mod = sw.from_torch(model, args)
     (rec,) = sw.find_recurrences(mod)
     assert (rec.form, rec.length, rec.state_shape) == ("selective", 16, (batch, 64, 16))
-    text = sw.pipeline("llvm")(mod).script(show_meta=False)
+    text = sw.passes("llvm")(mod).script(show_meta=False)
     assert text.count("R.call_tir(cls.scanweaver_scan") == 1
     assert f"R.Tensor(({batch}, 64, 16, 16)" not in text
     assert_outputs_match(run_model(mod, args), torch_outputs(model, args))

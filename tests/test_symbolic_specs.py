@@ -192,7 +192,7 @@ def test_lower_scans_symbolic_affine_end_to_end():
         want = plain_expected(spec, av, bv, hv)
         assert_close(states.numpy().astype(np.float64), want["states"], "float32", "states")
         assert_close(last.numpy().astype(np.float64), want["last"], "float32", "last")
-    lowered = sw.pipeline("llvm")(mod)
+    lowered = sw.passes("llvm")(mod)
     assert sum(isinstance(f, tirx.PrimFunc) for _, f in lowered.functions_items()) == 1
 
 

@@ -189,7 +189,7 @@ def _scan_module(spec):
 
 
 def _lowered_scan(mod, database):
-    lowered = sw.pipeline("llvm", database=database)(mod)
+    lowered = sw.passes("llvm", database=database)(mod)
     (func,) = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     return func
 
