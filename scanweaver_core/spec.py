@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 __all__ = ["SUPPORTED_DTYPES", "OUTPUT_KINDS", "DECAYS", "LAYOUTS", "SELECTIVE_AS_MATRIX",
            "STABILIZED_DECAYS", "AffineScanSpec", "SelectiveScanSpec", "MatrixScanSpec",
-           "StabilizedScanSpec", "MLSTMScanSpec", "is_symbolic",
+           "StabilizedScanSpec", "MLSTMScanSpec", "DeltaScanSpec", "is_symbolic",
            "symbol_name", "symbol_identifiers", "static_or"]
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")

@@ -1,6 +1,7 @@
 """ScanWeaver-TVM: first-order affine recurrences as parallel scans in TVM.
 
-The front door.  ``AffineScanSpec`` / ``SelectiveScanSpec`` / ``StabilizedScanSpec`` describe a scan once for every
+The front door.  The specs (``AffineScanSpec``, ``SelectiveScanSpec``, ``MatrixScanSpec``,
+``StabilizedScanSpec``, ``MLSTMScanSpec``, ``DeltaScanSpec``) describe a scan once for every
 stage; ``reference`` holds their float64 oracles; ``algebra`` the affine-pair composition (all
 three defined in ``scanweaver_core``, the vocabulary every layer shares).  The model-level API
 (``from_torch``, ``from_onnx``, ``find_recurrences``, ``FuseAffineRecurrences``, ``compile``,
@@ -9,12 +10,13 @@ alone) lives in ``api`` and is loaded on first use; ``compile_causal_lm`` (prefi
 ``generate`` of a transformers causal LM) in ``causal_lm``.
 """
 from scanweaver_core import algebra, reference
-from scanweaver_core.spec import AffineScanSpec, SelectiveScanSpec, StabilizedScanSpec
+from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+                                  StabilizedScanSpec)
 
 _API = ("from_torch", "from_onnx", "find_recurrences", "FuseAffineRecurrences", "LowerScans",
         "passes", "pipeline", "compile")
-__all__ = ["AffineScanSpec", "SelectiveScanSpec", "StabilizedScanSpec", "algebra", "reference", *_API, "tune",
-           "compile_causal_lm"]
+__all__ = ["AffineScanSpec", "SelectiveScanSpec", "MatrixScanSpec", "StabilizedScanSpec", "MLSTMScanSpec",
+           "DeltaScanSpec", "algebra", "reference", *_API, "tune", "compile_causal_lm"]
 
 
 def _use_every_core():

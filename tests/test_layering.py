@@ -53,6 +53,24 @@ def test_the_shared_vocabulary_lives_in_the_core():
     assert sw.AffineScanSpec is spec.AffineScanSpec
 
 
+def test_every_spec_is_reexported():
+    """Every public class of ``scanweaver_core.spec`` (a spec, whatever module of it defines
+    it) is ``scanweaver_tvm.<name>`` and ``scanweaver_tvm.spec.<name>``, and in their ``__all__``."""
+    import inspect
+
+    import scanweaver_tvm as sw
+    from scanweaver_core import spec
+    from scanweaver_tvm import spec as public
+
+    classes = {name for name, obj in vars(spec).items() if inspect.isclass(obj) and not name.startswith("_")
+               and obj.__module__.startswith(spec.__name__)}
+    assert {"AffineScanSpec", "MatrixScanSpec", "DeltaScanSpec"} <= classes
+    for name in sorted(classes):
+        assert getattr(sw, name, None) is getattr(spec, name), name
+        assert getattr(public, name, None) is getattr(spec, name), name
+        assert name in sw.__all__ and name in spec.__all__, name
+
+
 @pytest.mark.parametrize("layer,source,found", [
     ("mlir_bridge", "def f():\n    from tir_schedules import realize\n", "tir_schedules"),
     ("scanweaver_core", "from relax_pass.lift import Lifter\n", "relax_pass.lift"),
