@@ -20,6 +20,8 @@ import numpy as np
 
 PANEL = 32          # columns of a packed panel (``pack``): a register tile's width
 GROUPS = (32, 64, 128)
+NAMES = ("int8", "int8_asym", "int4", "int4_asym",       # the names ``weight_format`` takes (a CLI lists them)
+         *(f"int4{kind}_g{group}" for group in GROUPS for kind in ("", "_asym")))
 ACTIVATIONS = ("bfloat16",)
 GEMV_ROWS = 8       # a product of this many rows or fewer (a decode step's) is summed group by group
 

@@ -2,11 +2,13 @@
 
     scanweaver-tvm report   MODEL                       recurrences found, and near misses with why
     scanweaver-tvm show-tir MODEL [--target cuda]       the scheduled TIR of every scan
-    scanweaver-tvm compile  MODEL [--target ...] [--realization mlir] -o model.so
+    scanweaver-tvm compile  MODEL [--target ...] [--realization mlir] [--weights int8] -o model.so
     scanweaver-tvm mlir     MODEL [--stage all|ptx|NAME]  each scan's IR through the MLIR stages
+    scanweaver-tvm generate CHECKPOINT_DIR --prompt-ids 1,2,3 [--weights int4]
 
-MODEL is an ONNX file (``model.onnx``) or a factory, ``path/to/file.py:make`` or
-``package.module:make``, whose call returns ``(torch model, example inputs)``.
+MODEL is an ONNX file (``model.onnx``), a transformers checkpoint directory, or a factory,
+``path/to/file.py:make`` or ``package.module:make``, whose call returns ``(torch model, example
+inputs)``.
 
 Every failure is one line on stderr (``scanweaver-tvm: error: ...``) and exit status 2; progress
 of the slow steps goes to stderr too (``-q`` silences it), results to stdout.  ``--debug`` shows
@@ -25,23 +27,28 @@ import warnings
 from pathlib import Path
 
 from . import cli_generate, cli_mlir
-from .cli_model import CLIError, _describe, _import_model, _one_line, model_arg
+from .cli_model import CHECKPOINT_LENGTH, CLIError, _describe, _import_model, _one_line, model_arg
 
 PROG = "scanweaver-tvm"
 EXIT_ERROR = 2
 REALIZATION_CHOICES = ("tir", "mlir")
 DEFAULT_CUDA_ARCH = "sm_90"
 
-_MODEL_HELP = """\
+_MODEL_HELP = f"""\
 MODEL is one of
   path/to/model.onnx         an ONNX file (TVM's Relax ONNX frontend; ONNX Scan/Loop
                              recurrences become scans while importing)
+  path/to/checkpoint/        a transformers checkpoint directory (config.json + weights, as
+                             save_pretrained writes it), loaded with AutoModelForCausalLM as
+                             compile_causal_lm loads it; its forward is traced on token ids of
+                             shape (1, --length), {CHECKPOINT_LENGTH} by default
   path/to/file.py:FACTORY    a Python file, imported by path; FACTORY() returns
                              (torch.nn.Module, example inputs); the model is put in eval()
                              mode and imported with torch.export
   package.module:FACTORY     the same, for an importable module
                              (e.g. scanweaver_tvm.models:ema)
---length N is passed to FACTORY as length=N (every factory in scanweaver_tvm.models takes it)."""
+--length N is passed to FACTORY as length=N (every factory in scanweaver_tvm.models takes it);
+for a checkpoint it is the prompt length traced."""
 
 _EPILOG = _MODEL_HELP + """
 
@@ -50,9 +57,12 @@ stdout.  An error is one line on stderr, 'scanweaver-tvm: error: ...', with exit
 
 examples:
   scanweaver-tvm report scanweaver_tvm.models:mamba_block --length 64
+  scanweaver-tvm report path/to/checkpoint
   scanweaver-tvm show-tir scanweaver_tvm.models:ema --target cuda
   scanweaver-tvm compile my_models.py:make -o model.so
-  scanweaver-tvm compile model.onnx --target cuda --arch sm_90 -o model_cuda.so"""
+  scanweaver-tvm compile path/to/checkpoint --weights int8 -o model.so
+  scanweaver-tvm compile model.onnx --target cuda --arch sm_90 -o model_cuda.so
+  scanweaver-tvm generate path/to/checkpoint --prompt-ids 1,2,3 --max-new-tokens 20 --weights int4"""
 
 
 class _Steps:
@@ -370,8 +380,9 @@ def cmd_compile(args, steps):
     found = api.find_recurrences(mod)
     existing = _existing_scans(mod)
     where = _describe_target(target)
-    with steps(f"compiling for {where} with {args.realization} scans", "compilation failed"):
-        executable = api.compile(mod, target=target, realization=args.realization)
+    quantized = f", {args.weights} weights" if args.weights else ""
+    with steps(f"compiling for {where} with {args.realization} scans{quantized}", "compilation failed"):
+        executable = api.compile(mod, target=target, realization=args.realization, weights=args.weights)
     checked = None
     if cuda and not args.no_nvcc_check:
         checked = _check_cuda(executable, target, steps)
@@ -381,7 +392,7 @@ def cmd_compile(args, steps):
     scans = len(found) + len(existing)
     size = output.stat().st_size
     print(f"wrote {output} ({size / 1024:.0f} KiB): {spec} for {where}, "
-          f"{scans} scan{'s' if scans != 1 else ''} ({args.realization})")
+          f"{scans} scan{'s' if scans != 1 else ''} ({args.realization}){quantized}")
     signature = _signature(mod)
     if signature:
         print(f"  entry: {signature}")
@@ -417,6 +428,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{PROG}: error: {_one_line(message)}{hint}\n")
 
 
+def _weight_format(text):
+    """``--weights FORMAT``: a name ``weight_format`` takes, checked before anything loads."""
+    from scanweaver_core.weight_formats import NAMES, weight_format
+
+    try:
+        weight_format(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown weight format {text!r}; the formats are "
+                                         f"{', '.join(NAMES)}") from None
+    return text
+
+
 def _positive(text):
     try:
         value = int(text)
@@ -433,11 +456,20 @@ def build_parser():
     common.add_argument("--debug", action="store_true",
                         help="on failure show the full Python traceback, and show library warnings")
 
+    from scanweaver_core.weight_formats import NAMES
+
+    weights = argparse.ArgumentParser(add_help=False)
+    weights.add_argument("--weights", type=_weight_format, metavar="FORMAT",
+                         help=f"quantize the dense layers' weights to FORMAT: {', '.join(NAMES)} "
+                              "(scanweaver_core.weight_formats; default: keep the model's)")
+
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("model", metavar="MODEL",
-                       help="model.onnx, path/to/file.py:FACTORY or package.module:FACTORY")
+                       help="model.onnx, a checkpoint directory, path/to/file.py:FACTORY or "
+                            "package.module:FACTORY")
     model.add_argument("--length", type=_positive, metavar="N",
-                       help="call FACTORY(length=N) (factory MODELs only)")
+                       help=f"call FACTORY(length=N); for a checkpoint, the prompt length traced "
+                            f"(default {CHECKPOINT_LENGTH}); not for ONNX files")
     model.add_argument("--dynamic-dim", action="append", metavar="INPUT:DIM[=NAME]",
                        help="make dim DIM of input INPUT (index or argument name) symbolic: the "
                             "model is traced at small sizes and generalized, so one executable "
@@ -457,8 +489,9 @@ def build_parser():
     parser = _Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
         description="Find the sequential affine recurrences (h = a*h + b: EMAs, linear RNNs, "
-                    "Mamba's selective scan) in a PyTorch or ONNX model, show them as "
-                    "ScanWeaver parallel scans, and compile the model with TVM.")
+                    "Mamba's selective scan) in a PyTorch or ONNX model or a transformers "
+                    "checkpoint, show them as ScanWeaver parallel scans, compile the model with "
+                    "TVM, and generate from a checkpoint.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("report", parents=[model, common], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -477,10 +510,11 @@ def build_parser():
     targets(p)
     p.set_defaults(run=cmd_show_tir)
 
-    p = sub.add_parser("compile", parents=[model, common], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = sub.add_parser("compile", parents=[model, weights, common], formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="compile MODEL with its scans and export a shared library",
                        description="Import MODEL, compile it with scanweaver_tvm.compile (scans, then "
-                                   "TVM's default pipeline) and export the Relax VM executable with "
+                                   "TVM's default pipeline with our CPU/CUDA rules; --weights "
+                                   "quantizes the dense layers) and export the Relax VM executable with "
                                    "export_library.  The library is written to a temporary file in "
                                    "the output's folder and renamed, so OUTPUT is never left "
                                    "half-written.  Load it with tvm.runtime.load_module and run it "
@@ -498,7 +532,7 @@ def build_parser():
 
     cli_mlir.add_parser(sub, [model, common], argparse.RawDescriptionHelpFormatter, _MODEL_HELP,
                         DEFAULT_CUDA_ARCH)
-    cli_generate.add_parser(sub, [common], argparse.RawDescriptionHelpFormatter, _positive)
+    cli_generate.add_parser(sub, [weights, common], argparse.RawDescriptionHelpFormatter, _positive)
     return parser
 
 

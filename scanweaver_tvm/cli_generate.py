@@ -1,9 +1,9 @@
-"""``scanweaver-tvm generate MODEL_DIR --prompt-ids 1,2,3 --max-new-tokens N``: a transformers
-checkpoint compiled with ``compile_causal_lm``; prints the tokens, then the prefill and decode
-rates (the first call's compilation not counted)."""
+"""``scanweaver-tvm generate MODEL_DIR --prompt-ids 1,2,3 --max-new-tokens N [--weights FORMAT]``:
+a transformers checkpoint compiled with ``compile_causal_lm``; prints the tokens, then the
+prefill and decode rates (the first call's compilation not counted)."""
 import os
 
-from .cli_model import CLIError
+from .cli_model import CLIError, quiet_transformers
 
 
 def _ids(text):
@@ -17,6 +17,11 @@ def _ids(text):
 
 
 def cmd_generate(args, steps):
+    with quiet_transformers(args.debug):
+        return _generate(args, steps)
+
+
+def _generate(args, steps):
     if not os.path.isdir(args.model_dir):
         raise CLIError(f"{args.model_dir}: no such checkpoint directory")
     try:
@@ -26,11 +31,12 @@ def cmd_generate(args, steps):
     from .causal_lm import compile_causal_lm
 
     with steps(f"loading {args.model_dir}", "cannot load the checkpoint"):
-        lm = compile_causal_lm(args.model_dir)
+        lm = compile_causal_lm(args.model_dir, weights=args.weights)
     vocab = int(getattr(lm.config, "vocab_size", 0) or 0)
     if vocab and max(ids) >= vocab:
         raise CLIError(f"--prompt-ids: token {max(ids)} is outside the vocabulary ({vocab})")
-    with steps("compiling prefill and decode", "cannot compile the model"):
+    quantized = f" with {args.weights} weights" if args.weights else ""
+    with steps(f"compiling prefill and decode{quantized}", "cannot compile the model"):
         lm.module()
     if args.seed is not None:
         import torch
@@ -52,8 +58,9 @@ def add_parser(sub, parents, formatter_class, positive):
                        help="generate tokens from a transformers checkpoint (prefill + decode)",
                        description="Load MODEL_DIR with transformers' from_pretrained, compile its "
                                    "prefill (any prompt length) and one-token decode with "
-                                   "scanweaver_tvm.compile_causal_lm, generate, and print the new "
-                                   "tokens, then prefill and decode tokens/s.")
+                                   "scanweaver_tvm.compile_causal_lm (--weights: its dense layers' "
+                                   "weights quantized), generate, and print the new tokens, then "
+                                   "prefill and decode tokens/s.")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="a checkpoint directory (config.json + weights)")
     p.add_argument("--prompt-ids", required=True, metavar="IDS", help="the prompt's token ids, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=positive, default=20, metavar="N")

@@ -1,8 +1,9 @@
 """MODEL arguments of the ``scanweaver-tvm`` CLI: parse them, load the model, import it.
 
-MODEL is an ONNX file (``model.onnx``) or a factory, ``path/to/file.py:make`` or
-``package.module:make``, whose call returns ``(torch model, example inputs)``.  Problems are
-``CLIError``s whose message is the one line the CLI prints.
+MODEL is an ONNX file (``model.onnx``), a transformers checkpoint directory (what
+``save_pretrained`` writes), or a factory, ``path/to/file.py:make`` or ``package.module:make``,
+whose call returns ``(torch model, example inputs)``.  Problems are ``CLIError``s whose message
+is the one line the CLI prints.
 """
 import contextlib
 import importlib
@@ -12,6 +13,9 @@ import os
 import re
 import sys
 from pathlib import Path
+
+
+CHECKPOINT_LENGTH = 16      # the prompt length a checkpoint is traced at unless --length says
 
 
 class CLIError(Exception):
@@ -34,13 +38,21 @@ def _describe(err):
 
 
 class ModelSpec:
-    """A parsed MODEL argument: ``kind`` is "onnx", "file" (a .py path) or "module"."""
+    """A parsed MODEL argument: ``kind`` is "onnx", "checkpoint" (a directory), "file" (a .py
+    path) or "module"."""
 
     def __init__(self, text):
         self.text = text
         self.kind, self.path, self.module, self.factory = None, None, None, None
         if not text:
-            raise CLIError("MODEL is empty: give a .onnx file or FILE.py:FACTORY / package.module:FACTORY")
+            raise CLIError("MODEL is empty: give a .onnx file, a checkpoint directory or FILE.py:FACTORY / "
+                           "package.module:FACTORY")
+        if Path(text).is_dir():            # (before the ':' split: a folder's name may hold one)
+            if not (Path(text) / "config.json").is_file():
+                raise CLIError(f"MODEL {text!r} is a directory without config.json: not a transformers "
+                               "checkpoint (save_pretrained writes one), nor an ONNX file")
+            self.kind, self.path = "checkpoint", Path(text)
+            return
         source, sep, factory = text.rpartition(":")
         if not sep:
             path = Path(text)
@@ -54,10 +66,8 @@ class ModelSpec:
             if path.is_file():   # an ONNX file without the suffix: let the importer judge it
                 self.kind, self.path = "onnx", path
                 return
-            if path.exists():
-                raise CLIError(f"MODEL {text!r} is a directory, not an ONNX file")
-            raise CLIError(f"MODEL {text!r}: not an existing .onnx file, nor FILE.py:FACTORY or "
-                           f"package.module:FACTORY")
+            raise CLIError(f"MODEL {text!r}: not an existing .onnx file or checkpoint directory, nor "
+                           "FILE.py:FACTORY or package.module:FACTORY")
         if not factory.isidentifier():
             raise CLIError(f"MODEL {text!r}: the factory after ':' must be a Python name, got {factory!r}")
         if not source:
@@ -147,6 +157,39 @@ def _call_factory(spec, length):
     return model.eval(), tuple(example)
 
 
+@contextlib.contextmanager
+def quiet_transformers(debug=False):
+    """transformers' loading bars and notices off (``--debug`` keeps them): the CLI's stderr
+    holds its own progress lines and one-line errors."""
+    if debug:
+        yield
+        return
+    from transformers.utils import logging
+
+    bars, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _load_checkpoint(spec, length):
+    """The checkpoint as ``compile_causal_lm`` loads a directory (``AutoModelForCausalLM``,
+    eval mode) and the example it is traced on: token ids of shape (1, ``length``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.path).eval()
+    except Exception as err:
+        raise CLIError(f"cannot load checkpoint {spec.path}: {_describe(err)}") from err
+    return model, (torch.zeros((1, length or CHECKPOINT_LENGTH), dtype=torch.long),)
+
+
 def dynamic_dims(values):
     """``--dynamic-dim INPUT:DIM[=NAME]`` values as ``torch.export``'s ``dynamic_shapes`` (a
     dict keyed by input index or name).  Unnamed, a leading dim is ``batch`` and any other ``L``:
@@ -168,13 +211,13 @@ def dynamic_dims(values):
 
 
 def _import_model(spec, length, steps, dynamic=None):
-    """The Relax IRModule of MODEL; ``dynamic``: ``--dynamic-dim`` values (factory MODELs)."""
+    """The Relax IRModule of MODEL; ``dynamic``: ``--dynamic-dim`` values (torch MODELs)."""
     with steps(f"importing {spec}", f"cannot import {spec}"):
         from . import api
 
         dynamic_shapes = dynamic_dims(dynamic)
         if dynamic_shapes and spec.kind == "onnx":
-            raise CLIError("--dynamic-dim applies to factory MODELs; an ONNX file keeps the "
+            raise CLIError("--dynamic-dim applies to torch MODELs; an ONNX file keeps the "
                            "symbolic dims it was exported with")
         if spec.kind == "onnx":
             try:
@@ -183,5 +226,9 @@ def _import_model(spec, length, steps, dynamic=None):
                 msg = _one_line(err)
                 raise CLIError(f"cannot import {msg}" if msg.startswith(str(spec.path))
                                else f"cannot import {spec}: {msg}") from err
-        model, example = _call_factory(spec, length)
-        return api.from_torch(model, example, dynamic_shapes=dynamic_shapes)
+        if spec.kind != "checkpoint":
+            model, example = _call_factory(spec, length)
+            return api.from_torch(model, example, dynamic_shapes=dynamic_shapes)
+        with quiet_transformers(steps.debug):
+            model, example = _load_checkpoint(spec, length)
+            return api.from_torch(model, example, dynamic_shapes=dynamic_shapes)

@@ -116,3 +116,21 @@ def compile_unfused_within_budget(mod, deadline_s=180):
     ex, ours_s = timed("sw.compile", lambda: sw.compile(mod, "llvm"))
     assert ours_s <= compile_budget(base_s), f"sw.compile {ours_s:.1f} s, tvm.compile {base_s:.1f} s"
     return ex
+
+
+def quantized_copy(model, fmt):
+    """``model`` with each dense weight ``quantize_weights`` takes replaced by its format's
+    dequantized value (``QuantizedWeight.dequantize``): the model a quantized build computes."""
+    import torch
+
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    for module in copy.modules():
+        if isinstance(module, torch.nn.Linear) and min(module.weight.shape) >= 16:
+            layer = fmt.head_format() if module.weight.shape == model.get_input_embeddings().weight.shape else fmt
+            if layer is None:
+                continue
+            w = module.weight.detach().double().numpy().T
+            module.weight = torch.nn.Parameter(             # (a new one: a tied embedding stays float)
+                torch.tensor(layer.quantize(w).dequantize().T, dtype=module.weight.dtype))
+    return copy

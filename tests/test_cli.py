@@ -1,4 +1,4 @@
-"""The ``scanweaver-tvm`` command line: report, show-tir, compile, and one-line errors."""
+"""The ``scanweaver-tvm`` command line: report, show-tir, compile, generate, and one-line errors."""
 import os
 import shutil
 import subprocess
@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 
+from harness import quantized_copy
+from scanweaver_core.weight_formats import NAMES, weight_format
 from scanweaver_tvm import cli
+from scanweaver_tvm.causal_lm import torch_kernels
 
 EMA = "scanweaver_tvm.models:ema"
 SCRIPT = Path(sys.executable).with_name("scanweaver-tvm")
@@ -74,6 +78,19 @@ def tiny(tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A one-layer Mamba saved with save_pretrained, and the model (initialized wide enough
+    that its greedy tokens vary)."""
+    torch.manual_seed(3)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=96, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2, conv_kernel=4,
+        initializer_range=0.5)).eval()
+    path = tmp_path_factory.mktemp("checkpoint")
+    model.save_pretrained(path)
+    return path, model
+
+
 def run(capsys, *argv):
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -93,14 +110,20 @@ def assert_one_line_error(code, err, *fragments):
 def test_help_documents_commands_and_model_forms(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for word in ("report", "show-tir", "compile", "mlir", ".onnx", "file.py:FACTORY", "package.module:FACTORY",
-                 "--length", "exit status 2"):
+    for word in ("report", "show-tir", "compile", "mlir", "generate", ".onnx", "checkpoint directory",
+                 "file.py:FACTORY", "package.module:FACTORY", "--length", "exit status 2"):
         assert word in out, word
+    examples = out.split("examples:")[1]
+    for command in ("report", "show-tir", "compile", "generate"):
+        assert f"scanweaver-tvm {command} " in examples, command
+    assert "--weights" in examples
     code, out, _ = run(capsys, "compile", "--help")
     assert code == 0
     for word in ("--target", "--arch", "--realization", "mlir", "--output", "--no-nvcc-check", "--quiet",
-                 "--debug", "temporary file"):
+                 "--debug", "temporary file", "--weights", "int4_asym_g32", "checkpoint"):
         assert word in out, word
+    code, out, _ = run(capsys, "generate", "--help")
+    assert code == 0 and "--weights" in out and "int8_asym" in out
 
 
 def test_report_ema(capsys):
@@ -165,6 +188,69 @@ def test_compile_writes_a_library_that_runs_like_torch(capsys, tmp_path):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_report_a_checkpoint_directory(capsys, checkpoint):
+    """A save_pretrained directory is a MODEL: loaded as compile_causal_lm loads it, traced on
+    (1, --length) token ids."""
+    path, _ = checkpoint
+    code, out, err = run(capsys, "report", path, "--length", "8")
+    assert code == 0, err
+    assert f"importing {path} ... done in" in err and "Loading weights" not in err   # (transformers' bars off)
+    assert "1 recurrence to scan, 0 near misses" in out
+    assert "int64[1, 8]" in out
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("scan ")]
+    assert "selective L=8" in line and "state 1x64x8" in line
+
+
+def test_a_checkpoint_transformers_cannot_load_is_one_line(capsys, tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "no_such_family"}')
+    code, out, err = run(capsys, "report", tmp_path, "-q")
+    assert_one_line_error(code, err, f"cannot load checkpoint {tmp_path}", "no_such_family")
+    assert out == ""
+
+
+def test_compile_a_checkpoint_with_int8_weights(capsys, tmp_path, checkpoint):
+    """``compile CHECKPOINT --weights int8``: the library computes the model whose dense weights
+    are their int8 values (within float32 rounding), not the float model (0.3% away)."""
+    import tvm
+    from tvm import relax
+
+    path, model = checkpoint
+    out_path = tmp_path / "mamba_int8.so"
+    code, out, err = run(capsys, "compile", path, "--length", "8", "--weights", "int8", "-o", out_path, "-q")
+    assert code == 0, err
+    assert "1 scan (tir), int8 weights" in out
+    ids = torch.tensor([[5, 17, 3, 40, 22, 9, 1, 2]])
+    got = relax.VirtualMachine(tvm.runtime.load_module(str(out_path)), tvm.cpu())["main"](tvm.runtime.tensor(ids.numpy()))
+    got = (got.numpy() if hasattr(got, "numpy") else got[0].numpy()).astype(np.float64)
+    with torch.no_grad(), torch_kernels():
+        want = quantized_copy(model, weight_format("int8"))(ids).logits.double().numpy()
+        plain = model(ids).logits.double().numpy()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-5 * scale
+    assert np.abs(got - plain).max() > 1e-4 * scale
+
+
+def test_generate_with_int8_weights(capsys, monkeypatch, checkpoint):
+    """``generate --weights int8`` hands the format to compile_causal_lm; the tokens are the
+    greedy ones of the model whose dense weights are their int8 values."""
+    from scanweaver_tvm import causal_lm
+
+    path, model = checkpoint
+    asked, build = [], causal_lm.compile_causal_lm
+    monkeypatch.setattr(causal_lm, "compile_causal_lm", lambda *a, **k: asked.append(k.get("weights")) or build(*a, **k))
+    ids = [5, 17, 3, 40, 22, 9]
+    code, out, err = run(capsys, "generate", path, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "5",
+                         "--weights", "int8", "-q")
+    assert code == 0, err
+    assert asked == ["int8"]
+    prompt = torch.tensor([ids])
+    with torch.no_grad(), torch_kernels():
+        want = quantized_copy(model, weight_format("int8")).generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5)[0, len(ids):]
+    assert len(set(want.tolist())) > 1                     # (a model that repeats one token proves little)
+    assert out.splitlines()[0] == " ".join(map(str, want.tolist()))
 
 
 def test_show_tir_prints_the_scan_primfunc(capsys, tiny):
@@ -258,6 +344,9 @@ def test_compile_with_the_mlir_realization_runs_like_torch(capsys, tmp_path):
     (["report", "{tiny}:no_length", "--length", "4"], ["takes no 'length' keyword"]),
     (["report", "{onnx}", "--length", "4"], ["--length applies to factory MODELs only"]),
     (["report", "{onnx}"], ["cannot import", "ONNX model"]),
+    (["report", "{tmp}"], ["is a directory without config.json", "not a transformers checkpoint"]),
+    (["compile", EMA, "--weights", "int3", "-o", "{out}"], ["--weights", "unknown weight format 'int3'", ", ".join(NAMES)]),
+    (["generate", "{tmp}", "--prompt-ids", "1,2", "--weights", "q4_0"], ["unknown weight format 'q4_0'", "int4_asym_g32"]),
     (["report", EMA, "--length", "0"], ["positive integer"]),
     (["compile", EMA, "--realization", "sycl", "-o", "{out}"], ["invalid choice: 'sycl'"]),
     (["compile", EMA, "--target", "rocm", "-o", "{out}"], ["--target 'rocm'"]),

@@ -15,6 +15,7 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 
 import scanweaver_tvm as sw
+from harness import quantized_copy
 from relax_pass.quantize_weights import QuantizeWeights, quantize_weights
 from scanweaver_core.targets import host_target
 from scanweaver_core.weight_formats import weight_format
@@ -257,22 +258,6 @@ def test_int8_model_generates_and_agrees_with_float32(family):
     assert lm.generate(ids, max_new_tokens=3).shape == (1, ids.shape[1] + 3)
 
 
-def _quantized_copy(model, fmt):
-    """``model`` with each dense weight ``quantize_weights`` takes replaced by its format's
-    dequantized value (``QuantizedWeight.dequantize``): the model a quantized build computes."""
-    copy = type(model)(model.config).eval()
-    copy.load_state_dict(model.state_dict())
-    for module in copy.modules():
-        if isinstance(module, torch.nn.Linear) and min(module.weight.shape) >= 16:
-            layer = fmt.head_format() if module.weight.shape == model.get_input_embeddings().weight.shape else fmt
-            if layer is None:
-                continue
-            w = module.weight.detach().double().numpy().T
-            module.weight = torch.nn.Parameter(             # (a new one: a tied embedding stays float)
-                torch.tensor(layer.quantize(w).dequantize().T, dtype=module.weight.dtype))
-    return copy
-
-
 @pytest.mark.parametrize("family,spec", [("mamba", "int4"), ("mamba2", "int4_asym_g32"), ("qwen3_next", "int4_g64")])
 def test_int4_model_computes_its_quantized_weights(family, spec):
     """int4 in groups, symmetric or not, through the public API: the compiled model is the
@@ -282,7 +267,7 @@ def test_int4_model_computes_its_quantized_weights(family, spec):
     model from float32 is the bench's quality table: on a random tiny model it is noise.)"""
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
-    reference = _quantized_copy(model, weight_format(spec))
+    reference = quantized_copy(model, weight_format(spec))
     lm = sw.compile_causal_lm(model, weights=spec)
     ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(0))
     tokens, steps = _teacher_forced(lm, reference, ids, 5)
@@ -316,7 +301,7 @@ def test_bf16_prefill_model_follows_its_quantized_weights(family, spec):
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
     fmt = weight_format(spec, activations="bfloat16")
-    reference = _quantized_copy(model, fmt)
+    reference = quantized_copy(model, fmt)
     lm = sw.compile_causal_lm(model, weights=fmt)
     tolerance = 1e-2 if has_feature(host_target(), "avx512bf16") else 1e-4
     ids = torch.randint(3, 60, (1, 37), generator=torch.Generator().manual_seed(0))
