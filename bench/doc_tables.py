@@ -100,7 +100,7 @@ def block(page, src, index=1, root=ROOT):
     which = f" (table {index})" if index != 1 else ""
     caption = (f"Source: [`{src}`]({link}){which}. CPU: {cpu}. Date: {date}. "
                f"Commit: {commit}.")
-    return f"{caption}\n\n{found[index - 1]}\n"
+    return f"{caption}\n\n{found[index - 1]}\n\n"
 
 
 def render(page, text, root=ROOT):
