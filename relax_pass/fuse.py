@@ -1,6 +1,6 @@
 """FuseAffineRecurrences: replace each affine recurrence with one ScanWeaver scan (the driver).
 
-Put it first in a ``relax.transform`` pipeline, right after import (``sw.pipeline`` does).
+Put it first in a ``relax.transform`` pipeline, right after import (``sw.passes`` and ``sw.pipeline`` do).
 ``fuse`` runs the finders in one order: xLSTM's chunkwise mLSTM (``mlstm_chunked.py``), chunked
 and parallel regions (``chunked.py``), then
 unrolled chains (``chains.find_chains``, each read as a selective, matrix or plain affine scan;
