@@ -4,7 +4,7 @@
     scanweaver-tvm show-tir MODEL [--target cuda]       the scheduled TIR of every scan
     scanweaver-tvm compile  MODEL [--target ...] [--realization mlir] [--weights int8] -o model.so
     scanweaver-tvm mlir     MODEL [--stage all|ptx|NAME]  each scan's IR through the MLIR stages
-    scanweaver-tvm generate CHECKPOINT_DIR --prompt-ids 1,2,3 [--weights int4]
+    scanweaver-tvm generate CHECKPOINT_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--weights int4]
 
 MODEL is an ONNX file (``model.onnx``), a transformers checkpoint directory, or a factory,
 ``path/to/file.py:make`` or ``package.module:make``, whose call returns ``(torch model, example
@@ -62,7 +62,8 @@ examples:
   scanweaver-tvm compile my_models.py:make -o model.so
   scanweaver-tvm compile path/to/checkpoint --weights int8 -o model.so
   scanweaver-tvm compile model.onnx --target cuda --arch sm_90 -o model_cuda.so
-  scanweaver-tvm generate path/to/checkpoint --prompt-ids 1,2,3 --max-new-tokens 20 --weights int4"""
+  scanweaver-tvm generate path/to/checkpoint --prompt-ids 1,2,3 --max-new-tokens 20 --weights int4
+  scanweaver-tvm generate scanweaver_tvm/demo_model --prompt "ROMEO:" --max-new-tokens 40"""
 
 
 class _Steps:

@@ -347,6 +347,8 @@ def test_compile_with_the_mlir_realization_runs_like_torch(capsys, tmp_path):
     (["report", "{tmp}"], ["is a directory without config.json", "not a transformers checkpoint"]),
     (["compile", EMA, "--weights", "int3", "-o", "{out}"], ["--weights", "unknown weight format 'int3'", ", ".join(NAMES)]),
     (["generate", "{tmp}", "--prompt-ids", "1,2", "--weights", "q4_0"], ["unknown weight format 'q4_0'", "int4_asym_g32"]),
+    (["generate", "{tmp}", "--prompt", "To be"], ["no tokenizer to read --prompt with", "--prompt-ids"]),
+    (["generate", "{tmp}", "--prompt", "To be", "--prompt-ids", "1"], ["not allowed with argument"]),
     (["report", EMA, "--length", "0"], ["positive integer"]),
     (["compile", EMA, "--realization", "sycl", "-o", "{out}"], ["invalid choice: 'sycl'"]),
     (["compile", EMA, "--target", "rocm", "-o", "{out}"], ["--target 'rocm'"]),
