@@ -1,12 +1,15 @@
 """Generation on the CPU: ``sw.compile_causal_lm`` (prefill + decode, states carried) next to
 transformers' ``generate`` (eager, its own cache), measured in one run.
 
-    python -m bench.generate [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
+    python -m bench.generate [--model mamba|qwen3_5] [--layers 4] [--prompt 512] [--new 64] [--rounds 3]
                              [--scaling 256,1024,4096] [--dtype float32] [--weights int8|int4|...]
                              [--hidden 768] [--vocab 50280] [--out bench/out_generate]
 
-The issue's shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
-vocabulary 50280, random weights), batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
+The shape: HF ``MambaForCausalLM`` at the real width (hidden 768, d_inner 1536, N 16,
+vocabulary 50280, random weights; ``--layers``, ``--hidden``, ``--vocab`` change it), or
+``--model qwen3_5``: transformers' ``Qwen3_5ForCausalLM`` at a real width (the prefill bench's:
+hidden 1024, 3 Gated DeltaNet layers + 1 gated-attention layer, MLP 3072, vocabulary 50280);
+batch 1, a prompt of ``--prompt`` tokens and ``--new`` new
 tokens, greedy.  Reported (medians of interleaved rounds): time to the first token (ours: one
 prefill call; transformers: ``generate(max_new_tokens=1)``), decode tokens/s (ours: the decode
 steps of ``generate``; transformers: (time for ``--new`` tokens - time for 1) / (new - 1)), and
@@ -203,6 +206,7 @@ def main(argv=None):
     from .scan import _machine
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mamba", choices=["mamba", "qwen3_5"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=64)
@@ -217,9 +221,17 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    cfg = transformers.MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=16,
-                                   num_hidden_layers=args.layers, expand=2)
-    model = transformers.MambaForCausalLM(cfg).to(getattr(torch, args.dtype)).eval()
+    if args.model == "qwen3_5":
+        from .prefill_kernels import model_of
+
+        model = model_of("qwen3_5")
+        about = "Qwen3.5 (hidden 1024, 3 Gated DeltaNet + 1 attention layer, vocab 50280)"
+    else:
+        model = transformers.MambaForCausalLM(transformers.MambaConfig(
+            vocab_size=args.vocab, hidden_size=args.hidden, state_size=16, num_hidden_layers=args.layers, expand=2))
+        about = f"HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab})"
+    model = model.to(getattr(torch, args.dtype)).eval()
+    cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
     lm = sw.compile_causal_lm(model, weights=args.weights)
@@ -253,15 +265,14 @@ def main(argv=None):
     hf_decode = (args.new - 1) / max(med["hf_total"] - med["hf_ttft"], 1e-9)
     bandwidth = max(rows["ours_bandwidth"])      # the best the machine gave: the strictest floor
     floor_s = weight_bytes(model, args.weights) / bandwidth
-    result = {"machine": _machine(), "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
+    result = {"machine": _machine(), "model": about, "dtype": args.dtype, "layers": args.layers, "prompt": args.prompt, "new": args.new,
               "compile_s": compile_s, "tokens_equal": same, "first_difference": difference, "rounds": rows, "medians": med,
               "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", "TVM's default"),
               "hf_decode_tokens_per_s": hf_decode, "copy_bandwidth_GBps": bandwidth / 1e9,
               "weights": args.weights, "weight_MB": weight_bytes(model, args.weights) / 1e6, "floor_ms_per_token": 1e3 * floor_s,
               "prefill_us_per_token": scaling, "peers": {name: peer.label for name, peer in peers.items()}}
     ours_step = 1e3 / med["ours_decode"]
-    lines = [f"# Generation, HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab}), "
-             f"{args.dtype}" + (f", our weights {args.weights}" if args.weights else "") + ", CPU", "",
+    lines = [f"# Generation, {about}, {args.dtype}" + (f", our weights {args.weights}" if args.weights else "") + ", CPU", "",
              f"{result['machine']['cpu']}, {result['machine']['cores']} cores; prompt {args.prompt} tokens, "
              f"{args.new} new, greedy, batch 1; medians of {args.rounds} interleaved rounds; tokens equal: {same}"
              + ("." if same else _difference_text(difference, near_tie))
@@ -282,7 +293,7 @@ def main(argv=None):
             f"{n}: {us:.0f} us" for n, us in sorted(scaling.items()))
             + f"; {last} against {first}: {scaling[last] / scaling[first]:.2f}x."]
     print("\n".join(lines))
-    name = "_".join(["generate"] + [x for x in (args.dtype if args.dtype != "float32" else None, args.weights) if x])
+    name = "_".join(["generate"] + [x for x in (args.model if args.model != "mamba" else None, args.dtype if args.dtype != "float32" else None, args.weights) if x])
     outputs.write(args.out, name, result, "\n".join(lines) + "\n")
     return 0 if same or near_tie or args.weights else 1   # (quantized weights: tokens may differ)
 

@@ -11,6 +11,7 @@ Our TVM realizations come in through ``ours()``; their rows are skipped with a n
 """
 import argparse
 import functools
+import datetime
 import os
 import platform
 import statistics
@@ -238,7 +239,8 @@ def report(result):
 def _machine():
     info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "loadavg_1min_start": os.getloadavg()[0],
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+            "date": datetime.date.today().isoformat()}
     info["features"], info["revision"] = [], "unknown"
     try:
         with open("/proc/cpuinfo") as f:

@@ -134,3 +134,21 @@ def quantized_copy(model, fmt):
             module.weight = torch.nn.Parameter(             # (a new one: a tied embedding stays float)
                 torch.tensor(layer.quantize(w).dequantize().T, dtype=module.weight.dtype))
     return copy
+
+
+def teacher_forced(lm, reference, ids, new):
+    """``reference``'s greedy ``new`` tokens after ``ids``, and at each position from the
+    prompt's last one ``(position, ours, reference's)`` logits (float64): ours from
+    ``lm.prefill`` of ``ids``, then ``lm.decode`` fed the reference's tokens."""
+    import torch
+    from scanweaver_tvm.causal_lm import torch_kernels
+
+    with torch.no_grad(), torch_kernels():
+        tokens = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
+        want = reference(tokens).logits[0].double().numpy()
+    logits, states = lm.prefill(ids.numpy(), max_length=tokens.shape[1] + 1)
+    steps = []
+    for position in range(ids.shape[1] - 1, tokens.shape[1] - 1):
+        steps.append((position, logits.numpy()[0].astype(np.float64), want[position]))
+        logits, states = lm.decode(tokens[:, position + 1].numpy(), states)
+    return tokens, steps

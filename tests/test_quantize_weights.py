@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 
 import scanweaver_tvm as sw
-from harness import quantized_copy
+from harness import quantized_copy, teacher_forced
 from relax_pass.quantize_weights import QuantizeWeights, quantize_weights
 from scanweaver_core.targets import host_target
 from scanweaver_core.weight_formats import weight_format
@@ -270,25 +270,10 @@ def test_int4_model_computes_its_quantized_weights(family, spec):
     reference = quantized_copy(model, weight_format(spec))
     lm = sw.compile_causal_lm(model, weights=spec)
     ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(0))
-    tokens, steps = _teacher_forced(lm, reference, ids, 5)
+    tokens, steps = teacher_forced(lm, reference, ids, 5)
     for position, got, want in steps:
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), (family, position)
     assert torch.equal(lm.generate(ids, max_new_tokens=5), tokens)
-
-
-def _teacher_forced(lm, reference, ids, new):
-    """``reference``'s greedy ``new`` tokens after ``ids``, and at each position from the
-    prompt's last one ``(position, ours, reference's)`` logits (float64): ours from
-    ``lm.prefill`` of ``ids``, then ``lm.decode`` fed the reference's tokens."""
-    with torch.no_grad(), torch_kernels():
-        tokens = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
-        want = reference(tokens).logits[0].double().numpy()
-    logits, states = lm.prefill(ids.numpy(), max_length=tokens.shape[1] + 1)
-    steps = []
-    for position in range(ids.shape[1] - 1, tokens.shape[1] - 1):
-        steps.append((position, logits.numpy()[0].astype(np.float64), want[position]))
-        logits, states = lm.decode(tokens[:, position + 1].numpy(), states)
-    return tokens, steps
 
 
 @pytest.mark.parametrize("family,spec", [("mamba", "int4"), ("qwen3_next", "int8")])
@@ -305,7 +290,7 @@ def test_bf16_prefill_model_follows_its_quantized_weights(family, spec):
     lm = sw.compile_causal_lm(model, weights=fmt)
     tolerance = 1e-2 if has_feature(host_target(), "avx512bf16") else 1e-4
     ids = torch.randint(3, 60, (1, 37), generator=torch.Generator().manual_seed(0))
-    tokens, steps = _teacher_forced(lm, reference, ids, 4)
+    tokens, steps = teacher_forced(lm, reference, ids, 4)
     for position, got, want in steps:
         assert np.abs(got - want).max() <= tolerance * np.abs(want).max(), (family, position)
         assert got.argmax() == int(tokens[0, position + 1])
