@@ -18,19 +18,19 @@ from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from .chains import Recurrence, find_chains
-from .chunked import find_chunked
-from .cumulative import cumulative_recurrences
-from .delta import find_delta_scans
-from .delta_chunked import find_chunked_delta
-from .einsum_split import readout_splits, split_einsums
+from .forms.chunked.chunked import find_chunked
+from .forms.affine.cumulative import cumulative_recurrences
+from .forms.delta.delta import find_delta_scans
+from .forms.delta.delta_chunked import find_chunked_delta
+from .forms.matrix.einsum_split import readout_splits, split_einsums
 from .interpret import cached_constants
-from .matrix import MatrixMatch, match_matrix
-from .matrix_lifted import LiftedMatch, find_lifted
-from .mlstm import find_mlstm_scans
-from .mlstm_chunked import find_chunked_mlstm
+from .forms.matrix.matrix import MatrixMatch, match_matrix
+from .forms.matrix.matrix_lifted import LiftedMatch, find_lifted
+from .forms.mlstm.mlstm import find_mlstm_scans
+from .forms.mlstm.mlstm_chunked import find_chunked_mlstm
 from .rewrite import rewrite
-from .selective import SelectiveMatch, match_selective
-from .stabilized import find_stabilized_scans
+from .forms.selective.selective import SelectiveMatch, match_selective
+from .forms.stabilized.stabilized import find_stabilized_scans
 from .steps import tensor_dtype
 from .unpad import unpad
 from .prune import prune_dead_bindings

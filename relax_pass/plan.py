@@ -12,18 +12,18 @@ from tvm import relax
 
 from scanweaver_core.scan_op import emit_affine_scan, make_scan
 
-from .chunked_emit import emit_chunked
-from .cumulative import cumulative_scan
+from .forms.chunked.chunked_emit import emit_chunked
+from .forms.affine.cumulative import cumulative_scan
 from .interpret import EVAL_ERRORS, Interpreter
 from .lift import Lifter
-from .matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
+from .forms.matrix.matrix_layout import (canonical, emit_matrix_scan, epilogue_stack, readouts_from_scan,
                             scan_to_stack, state_from_scan)
-from .matrix_lifted import emit_lifted
-from .delta import emit_delta
-from .delta_chunked import emit_chunked_delta
-from .mlstm import emit_mlstm
-from .mlstm_chunked import emit_chunked_mlstm
-from .stabilized import emit_stabilized
+from .forms.matrix.matrix_lifted import emit_lifted
+from .forms.delta.delta import emit_delta
+from .forms.delta.delta_chunked import emit_chunked_delta
+from .forms.mlstm.mlstm import emit_mlstm
+from .forms.mlstm.mlstm_chunked import emit_chunked_mlstm
+from .forms.stabilized.stabilized import emit_stabilized
 from .steps import ONE, op_name, tensor_dtype, tensor_shape
 
 

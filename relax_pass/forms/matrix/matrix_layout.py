@@ -11,7 +11,7 @@ from tvm import relax
 from scanweaver_core.scan_op import make_scan
 
 from .matrix import INNER
-from .steps import tensor_dtype, tensor_shape
+from ...steps import tensor_dtype, tensor_shape
 
 _LANES = ("B", "H")
 

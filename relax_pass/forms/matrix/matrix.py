@@ -30,10 +30,10 @@ from tvm import relax
 from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import MatrixScanSpec
 
-from .narrow import expr_shape, narrowed, non_unit
-from .operands import evaluate_from, operands_of, widening
+from ...narrow import expr_shape, narrowed, non_unit
+from ...operands import evaluate_from, operands_of, widening
 from .stacks import stack_sources
-from .steps import ONE, op_name, tensor_shape
+from ...steps import ONE, op_name, tensor_shape
 
 READOUT_BUDGET = 80     # bindings of one readout piece
 ASSIGNMENTS = 4096      # label assignments tried for one product's factors

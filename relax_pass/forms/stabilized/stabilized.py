@@ -42,10 +42,10 @@ from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.scan_op import emit_stabilized_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
-from .interpret import Interpreter, Unsupported, random_input
-from .lift import Lifter, NotLiftable
-from .prune import prune_dead_bindings
-from .steps import Analysis
+from ...interpret import Interpreter, Unsupported, random_input
+from ...lift import Lifter, NotLiftable
+from ...prune import prune_dead_bindings
+from ...steps import Analysis
 
 __all__ = ["StabilizedMatch", "find_stabilized", "find_stabilized_scans", "emit_stabilized",
            "FuseStabilizedScans", "fuse_stabilized"]
@@ -635,7 +635,7 @@ def find_stabilized_scans(mod):
     """The stabilized loops of every Relax function in ``mod`` as ``chains.Recurrence``s of
     form ``"stabilized"``: accepted ones carry their match (``rec.stabilized``), near misses
     the reason (what ``FuseAffineRecurrences`` reports and rewrites, like its other forms)."""
-    from .chains import Recurrence  # pylint: disable=import-outside-toplevel
+    from ...chains import Recurrence  # pylint: disable=import-outside-toplevel
 
     found = []
     for gvar, func in mod.functions_items():
@@ -692,7 +692,7 @@ def fuse_stabilized(mod):
     (``validate.py``); one that fails validation is left as it was, with the reason."""
     import tvm  # pylint: disable=import-outside-toplevel
 
-    from .validate import validate  # pylint: disable=import-outside-toplevel
+    from ...validate import validate  # pylint: disable=import-outside-toplevel
 
     mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)   # the caller's stays as it is
     report = []

@@ -28,8 +28,8 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.spec import SUPPORTED_DTYPES, MatrixScanSpec
 
 from .chunked_roles import NotChunked, Operand, assign_roles, role_orders, state_layout
-from .interpret import EVAL_ERRORS, Interpreter, read_vars, slice_span
-from .narrow import narrowed
+from ...interpret import EVAL_ERRORS, Interpreter, read_vars, slice_span
+from ...narrow import narrowed
 from .parallel_form import READ_THROUGH, parallel_regions
 
 

@@ -1,0 +1,1 @@
+"""xLSTM's mLSTM: an unrolled loop (``mlstm.py``) and the chunkwise form (``mlstm_chunked.py``)."""
