@@ -42,6 +42,7 @@ from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.scan_op import emit_stabilized_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
+from ...form import users_of
 from ...interpret import Interpreter, Unsupported, random_input
 from ...lift import Lifter, NotLiftable
 from ...prune import prune_dead_bindings
@@ -656,15 +657,7 @@ def find_stabilized_scans(mod):
     return found
 
 
-def _users(func):
-    users = {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            for v in relax.analysis.free_vars(b.value):
-                users.setdefault(v, []).append(b.var)
-    for v in relax.analysis.free_vars(func.body.body):
-        users.setdefault(v, []).append("return")
-    return users
+_users = users_of      # (mlstm.py and delta.py read it from here)
 
 
 @relax.expr_functor.mutator
