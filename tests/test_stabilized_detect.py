@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import scanweaver_tvm as sw
-from relax_pass.forms.stabilized.stabilized import StabilizedMatch, find_stabilized, fuse_stabilized
+from relax_pass.forms.stabilized.stabilized import StabilizedMatch, find_stabilized
+from relax_pass.forms.stabilized.standalone import fuse_stabilized
 from tests.harness import assert_outputs_match, run_model, torch_outputs
 
 

@@ -34,7 +34,8 @@ from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 from ...interpret import EVAL_ERRORS, random_input
 from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
 from ..mlstm.mlstm import _args, _closure, _MReader, _Probe
-from ..stabilized.stabilized import RTOL, NotStabilized, _analysis, _users
+from ..stabilized.reader import RTOL, NotStabilized, _analysis
+from ..stabilized.stabilized import _users
 
 __all__ = ["DeltaMatch", "find_delta", "find_delta_scans", "emit_delta"]
 

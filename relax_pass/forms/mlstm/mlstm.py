@@ -39,7 +39,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from ...interpret import EVAL_ERRORS, Interpreter, random_input
 from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
-from ..stabilized.stabilized import RTOL, NotStabilized, _analysis, _Reader
+from ..stabilized.reader import RTOL, NotStabilized, _analysis, _Reader
 
 __all__ = ["MLSTMMatch", "find_mlstm", "find_mlstm_scans", "emit_mlstm"]
 
