@@ -1,14 +1,16 @@
 """FuseAffineRecurrences: replace each affine recurrence with one ScanWeaver scan (the driver).
 
 Put it first in a ``relax.transform`` pipeline, right after import (``sw.passes`` and ``sw.pipeline`` do).
-``fuse`` runs the finders in one order: xLSTM's chunkwise mLSTM (``mlstm_chunked.py``), chunked
-and parallel regions (``chunked.py``), then
-unrolled chains (``chains.find_chains``, each read as a selective, matrix or plain affine scan;
-readout einsums split where that shows a matrix state: ``einsum_split.py``), max-stabilized
-scans (``stabilized.py``, then xLSTM's mLSTM: ``mlstm.py``), delta rules (``delta.py``) and whole-sequence forms (``matrix_lifted.py``).  Each batch is
-rewritten (``rewrite.py``, emitting each recurrence's plan: ``plan.py``) and validated
-(``validate.py``); a recurrence that fails is left exactly as it was, and
-``find_recurrences`` says why.
+``fuse`` tries the forms of ``FORMS`` (``relax_pass/forms/``, one subpackage per form) in that
+one order, as DLight's ``ApplyDefaultSchedule(*rules)`` tries its rules: each form's ``find``
+returns None where it does not apply, else its recurrences, which are rewritten (``rewrite.py``,
+emitting each recurrence's plan: ``plan.py``) and validated (``validate.py``) before the next
+form looks at the module.  The order: xLSTM's chunkwise mLSTM and the chunked delta rule, then
+chunked and parallel regions (their chunk loops are no chains), unrolled chains (each read as
+a selective, matrix or plain affine scan: ``CHAIN_READINGS``; readout einsums split where that
+shows a matrix state), max-stabilized scans, xLSTM's mLSTM loops, delta rules, and last the
+whole-sequence matrix forms.  A recurrence that fails validation is left exactly as it was,
+and ``analyze`` says why.
 """
 import tvm
 from tvm import relax
@@ -17,24 +19,26 @@ from scanweaver_core.exprs import error_line
 from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
-from .chains import Recurrence, find_chains
-from .chunked import find_chunked
-from .cumulative import cumulative_recurrences
-from .delta import find_delta_scans
-from .delta_chunked import find_chunked_delta
-from .einsum_split import readout_splits, split_einsums
+from .chains import find_chains
+from .form import BUILD_ERRORS as _BUILD_ERRORS
+from .form import MATCHER_ERRORS as _MATCHER_ERRORS
+from .form import Form, none_if_empty
+from .form import users_of as _users
+from .forms import chunked, delta, matrix, mlstm, selective, stabilized
+from .forms.affine.cumulative import cumulative_recurrences
+from .forms.chunked import find_chunked_scans                  # noqa: F401 (public names)
+from .forms.delta import find_chunked_delta_scans              # noqa: F401
+from .forms.matrix import find_lifted_scans                    # noqa: F401
+from .forms.matrix.einsum_split import readout_splits, split_einsums
+from .forms.mlstm import find_chunked_mlstm_scans              # noqa: F401
 from .interpret import cached_constants
-from .matrix import MatrixMatch, match_matrix
-from .matrix_lifted import LiftedMatch, find_lifted
-from .mlstm import find_mlstm_scans
-from .mlstm_chunked import find_chunked_mlstm
-from .rewrite import rewrite
-from .selective import SelectiveMatch, match_selective
-from .stabilized import find_stabilized_scans
-from .steps import tensor_dtype
-from .unpad import unpad
 from .prune import prune_dead_bindings
+from .rewrite import rewrite
+from .unpad import unpad
 from .validate import validate
+
+# how an accepted chain is read, in this order (else it is a plain affine scan)
+CHAIN_READINGS = (selective.READING, matrix.READING)
 
 
 def find(mod, cumulative=False):
@@ -57,69 +61,62 @@ def find(mod, cumulative=False):
                         f"dtype {rec.dtype}: scans take {'/'.join(SUPPORTED_DTYPES)}; left as it "
                         "was (TVM compiles its steps)")
                 if not rec.rejected:
-                    match = match_selective(rec, value, users)
-                    if isinstance(match, SelectiveMatch):
-                        rec.form, rec.selective = "selective", match
-                    else:
-                        rec.selective_miss = match
-                        _try_matrix(rec, value, users)
+                    _read_chain(rec, value, users)
                 found.append(rec)
     return found
 
 
-_BUILD_ERRORS = (RuntimeError, ValueError, TypeError, KeyError)    # TVM refusing an op a rewrite builds
-_MATCHER_ERRORS = _BUILD_ERRORS + (IndexError,)                      # a matcher meeting a form it did not foresee
+def _read_chain(rec, value, users):
+    """The first reading of ``CHAIN_READINGS`` that applies to ``rec`` and matches makes it
+    that form; each that applies and does not match leaves its reason (``rec.<form>_miss``)."""
+    for reading in CHAIN_READINGS:
+        if not reading.applies(rec):
+            continue
+        match = reading.match(rec, value, users)
+        if isinstance(match, reading.match_type):
+            rec.form = reading.form
+            setattr(rec, reading.form, match)
+            return
+        setattr(rec, f"{reading.form}_miss", match)
 
 
-def _try_matrix(rec, value, users):
-    """Mark ``rec`` a matrix-state scan when ``match_matrix`` reads it as one."""
-    if len(rec.state_shape) < 2:
-        return
-    try:
-        match = match_matrix(rec, value, users)
-    except _MATCHER_ERRORS as err:     # a form the matcher did not foresee: leave it affine
-        match = f"the matrix matcher could not read it: {error_line(err)}"
-    if isinstance(match, MatrixMatch):
-        rec.form, rec.matrix = "matrix", match
-    else:
-        rec.matrix_miss = match
+# the forms, in the one order the driver tries them
+FORMS = (
+    mlstm.CHUNKED,          # xLSTM's chunkwise mLSTM   } their chunk loops are no RWKV loop,
+    delta.CHUNKED,          # the chunked (UT) delta rule }  no plain matrix scan
+    chunked.FORM,           # chunked and parallel matrix regions: their chunk loops are not chains
+    Form("chains", lambda mod, cumulative: none_if_empty(find(mod, cumulative)), split_readouts=True),
+    stabilized.FORM,        # RWKV's WKV
+    mlstm.LOOP,             # xLSTM's mLSTM
+    delta.LOOP,             # delta rules
+    matrix.LIFTED,          # whole-sequence matrix scans (ONNX Scan bodies, torch's scan op)
+)
 
 
 def fuse(mod, cumulative=False):
-    """``(new module, recurrences)``: every accepted recurrence rewritten and validated
-    (``validate.py``); one that fails validation is marked rejected with the reason and left
-    exactly as it was."""
+    """``(new module, recurrences)``: every form of ``FORMS`` in turn found, rewritten and
+    validated (``validate.py``); a recurrence that fails validation is marked rejected with
+    the reason and left exactly as it was."""
     with cached_constants():      # every validation reads the same weights: convert them once
-        first = []
-        for finder in (find_chunked_mlstm_scans, find_chunked_delta_scans):   # (their chunk loops
-            found = finder(mod)                       # are no RWKV loop, no plain matrix scan)
-            if any(not r.rejected for r in found):
+        recurrences = []
+        for form in FORMS:
+            found = form.find(mod, cumulative)
+            if found is None:     # the form does not apply
+                continue
+            before = mod
+            if form.split_readouts:
+                mod, found = _fuse_split_readouts(mod, found, form, cumulative) or _fuse(mod, found)
+            elif any(not r.rejected for r in found):
                 mod, found = _fuse(mod, found)
-                mod = unpad(mod, prune_dead_bindings)   # (its output re-padded, then sliced)
-            first += found
-        chunked = find_chunked_scans(mod)
-        if any(not r.rejected for r in chunked):   # first: their chunk loops are not chains
-            mod, chunked = _fuse(mod, chunked)
-            mod = unpad(mod, prune_dead_bindings)   # the padding the region needed goes too
-        chunked = first + chunked
-        found = find(mod, cumulative)
-        new, recurrences = _fuse_split_readouts(mod, found, cumulative) or _fuse(mod, found)
-        recurrences = chunked + recurrences
-        for finder in (find_stabilized_scans, find_mlstm_scans, find_delta_scans):   # RWKV's WKV, xLSTM's mLSTM, delta rules
-            stabilized = finder(new)
-            if any(not r.rejected for r in stabilized):
-                before = new
-                new, stabilized = _fuse(new, stabilized)
-                covered = {n for r in stabilized if not r.rejected for n in r.bindings}
-                recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
-                               if not (r.rejected and r.bindings and (set(r.bindings) <= covered or
-                                       _assembled_from(before, r, covered)))]
-            recurrences = recurrences + stabilized
-        lifted = find_lifted_scans(new)
-        if not lifted:
-            return new, recurrences
-        new, lifted = _fuse(new, lifted)
-        return new, recurrences + lifted
+                if form.unpad:    # the padding the region needed goes too (its output re-padded, then sliced)
+                    mod = unpad(mod, prune_dead_bindings)
+                if form.supersedes_near_misses:
+                    covered = {n for r in found if not r.rejected for n in r.bindings}
+                    recurrences = [r for r in recurrences    # (its max chain's near miss is now a scan)
+                                   if not (r.rejected and r.bindings and (set(r.bindings) <= covered or
+                                           _assembled_from(before, r, covered)))]
+            recurrences = recurrences + found
+        return mod, recurrences
 
 
 _ASSEMBLY_OPS = {"relax.concat", "relax.reshape", "relax.permute_dims", "relax.squeeze",
@@ -156,54 +153,7 @@ def _assembled_from(mod, rec, covered):
     return bool(seen)
 
 
-def _region_recurrences(mod, finder, form, kind, accept):
-    """``finder(func)``'s ``[(var, match | reason)]`` of every function as recurrences of
-    ``form``: ``accept(match)`` gives an accepted one's ``(length, axis, reverse, state
-    shape, fields)``; a reason is a near miss ("... is not <kind>: reason")."""
-    found = []
-    for gvar, func in mod.functions_items():
-        for var, match in finder(func):
-            if isinstance(match, str):
-                found.append(Recurrence(gvar.name_hint, form, 0, 0, False, (), tensor_dtype(var),
-                                        (var.name,), rejected=True,
-                                        reason=f"a chunked region ending at {var.name} is not {kind}: {match}"))
-                continue
-            length, axis, reverse, state_shape, fields = accept(match)
-            names = tuple(sorted((v.name for v in match.region), key=lambda n: (len(n), n)))
-            found.append(Recurrence(gvar.name_hint, form, length, axis, reverse, state_shape,
-                                    match.spec.dtype, names, **fields))
-    return found
-
-
-def find_chunked_scans(mod):
-    """Matrix-state scans in chunked form (``chunked.py``: Mamba-2's SSD, chunk-wise linear
-    attention), as recurrences of form ``"matrix"`` carrying their match; a region that looks
-    chunked but is not one is a near miss with the reason."""
-    def accept(m):
-        return (m.spec.length, m.out_labels.index("L"), m.spec.reverse, m.spec.state_shape,
-                {"chunked": m})
-    return _region_recurrences(mod, find_chunked, "matrix", "a matrix scan", accept)
-
-
-def find_chunked_mlstm_scans(mod):
-    """xLSTM's mLSTM in chunkwise form (``mlstm_chunked.py``) as recurrences of form
-    ``"mlstm"`` carrying their match; a region with its signature that is not one is a near
-    miss with the reason."""
-    def accept(m):
-        return m.spec.length, 2, False, tuple(m.spec.state_shapes()["C"]), {"chunked_mlstm": m}
-    return _region_recurrences(mod, find_chunked_mlstm, "mlstm", "a chunkwise mLSTM", accept)
-
-
-def find_chunked_delta_scans(mod):
-    """The gated delta rule in chunked (UT) form (``delta_chunked.py``) as recurrences of form
-    ``"delta"`` carrying their match; a five-tensor region that is not one is a near miss."""
-    def accept(m):
-        return m.spec.length, 2, False, (m.spec.batch, m.spec.heads, m.spec.key, m.spec.value), \
-            {"chunked_delta": m}
-    return _region_recurrences(mod, find_chunked_delta, "delta", "a chunked delta rule", accept)
-
-
-def _fuse_split_readouts(mod, found, cumulative):
+def _fuse_split_readouts(mod, found, form, cumulative):
     """``_fuse`` on ``mod`` with its readout einsums split (``einsum_split.py``), when that
     makes more matrix scans and every split readout is replaced by one; else None (``mod`` is
     fused as it is)."""
@@ -211,7 +161,7 @@ def _fuse_split_readouts(mod, found, cumulative):
     if not splits:
         return None
     split, inner = split_einsums(mod, splits)
-    again = find(split, cumulative)
+    again = form.find(split, cumulative) or []
     if sum(r.form == "matrix" for r in again) <= sum(r.form == "matrix" for r in found):
         return None
     new, recurrences = _fuse(split, again)
@@ -220,22 +170,6 @@ def _fuse_split_readouts(mod, found, cumulative):
     if any(v in bound for v in inner):
         return None                      # a split readout is left: keep the einsum as it was
     return new, recurrences
-
-
-def find_lifted_scans(mod):
-    """Matrix-state scans in whole-sequence form (``matrix_lifted.py``: ONNX ``Scan`` bodies,
-    the torch ``scan`` op, chains the per-step matcher did not read), as recurrences of form
-    ``"matrix"`` carrying their match (affine scans that are not one stay as they are)."""
-    found = []
-    for gvar, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        for var, match in find_lifted(func, _users(func), _MATCHER_ERRORS):
-            if isinstance(match, LiftedMatch):
-                spec = match.spec
-                found.append(Recurrence(gvar.name_hint, "matrix", spec.length, 2, spec.reverse,
-                                        spec.state_shape, spec.dtype, (var.name,), lifted=match))
-    return found
 
 
 def _fuse(mod, recurrences):
@@ -282,18 +216,6 @@ def _reject_unbuildable(mod, recurrences, err):
 def analyze(mod, cumulative=False):
     """What ``FuseAffineRecurrences(cumulative)`` finds in ``mod``, validated (``fuse``)."""
     return fuse(mod, cumulative)[1]
-
-
-def _users(func):
-    """var -> names of the bindings (or ``"return"``) that use it."""
-    users = {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            for v in relax.analysis.free_vars(b.value):
-                users.setdefault(v, []).append(b.var)
-    for v in relax.analysis.free_vars(func.body.body):
-        users.setdefault(v, []).append("return")
-    return users
 
 
 @tvm.transform.module_pass(opt_level=0, name="scanweaver.FuseAffineRecurrences")

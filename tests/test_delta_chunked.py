@@ -1,6 +1,6 @@
 """The gated delta rule in chunked (UT) form, as transformers ships it
 (``torch_chunk_gated_delta_rule``: what Qwen3-Next runs for a prompt), found by what it
-computes (``relax_pass/delta_chunked.py``) and replaced by one delta scan: padded and whole
+computes (``relax_pass/forms/delta/delta_chunked.py``) and replaced by one delta scan: padded and whole
 chunks, grouped heads, q/k normalized in the kernel, initial and final states, and the whole
 HF model; a five-tensor region that is no delta rule is a near miss with its reason."""
 import inspect

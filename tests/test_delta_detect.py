@@ -1,4 +1,4 @@
-"""Delta-rule loops found by what they compute (``relax_pass/delta.py``) and replaced by one
+"""Delta-rule loops found by what they compute (``relax_pass/forms/delta/delta.py``) and replaced by one
 ``DeltaScanSpec`` scan, in the forms packages ship: fla-core's naive recurrent kernels
 (delta rule, gated delta rule, KDA, Comba) and transformers' Qwen3-Next recurrent loop,
 and in spellings users write (elementwise-sum reads, matmul reads).  Each is equal to what

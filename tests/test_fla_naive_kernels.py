@@ -138,7 +138,7 @@ def test_rwkv6_reads_the_state_before_its_update():
 
 def test_delta_rule_is_one_delta_scan():
     """``S += k (beta (v - k^T S))^T``: the coefficient of S is a matrix; one delta-rule scan
-    (``relax_pass/delta.py``; more forms in ``tests/test_delta_detect.py``), equal to fla."""
+    (``relax_pass/forms/delta/delta.py``; more forms in ``tests/test_delta_detect.py``), equal to fla."""
     r = _rand(7)
     args = (r(1, H, 6, K), F.normalize(r(1, H, 6, K), dim=-1), r(1, H, 6, V), r(1, H, 6).sigmoid())
     _check(delta_rule_recurrence, args, [("delta", 6)])

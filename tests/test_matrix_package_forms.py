@@ -463,7 +463,7 @@ def test_one_step_is_left_as_it_is_and_equal_to_pytorch():
 # -- near misses ---------------------------------------------------------------------------------
 def test_delta_rule_is_one_delta_scan_and_equal_to_pytorch():
     """The delta rule's update ``(I - beta k k^T) S + beta k v^T`` has a matrix coefficient:
-    no affine or matrix scan is made of it; it is one delta-rule scan (``relax_pass/delta.py``),
+    no affine or matrix scan is made of it; it is one delta-rule scan (``relax_pass/forms/delta/delta.py``),
     and it computes what PyTorch does."""
     model, args = _model("delta_rule"), _inputs("delta_rule")
     mod = sw.from_torch(model, args)

@@ -1,4 +1,4 @@
-"""xLSTM's chunkwise mLSTM (``relax_pass/mlstm_chunked.py``): HF's
+"""xLSTM's chunkwise mLSTM (``relax_pass/forms/mlstm/mlstm_chunked.py``): HF's
 ``mlstm_chunkwise_native_autograd`` as a user's model runs it, read as one mLSTM scan."""
 import numpy as np
 import pytest

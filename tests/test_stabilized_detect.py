@@ -1,4 +1,4 @@
-"""relax_pass/stabilized.py: RWKV-4's WKV loop, as HF runs it on a CPU and torch.export unrolls
+"""relax_pass/forms/stabilized/stabilized.py: RWKV-4's WKV loop, as HF runs it on a CPU and torch.export unrolls
 it, read as one stabilized scan by what it computes; compiled and equal to PyTorch."""
 import numpy as np
 import pytest
@@ -6,12 +6,13 @@ import torch
 from torch import nn
 
 import scanweaver_tvm as sw
-from relax_pass.stabilized import StabilizedMatch, find_stabilized, fuse_stabilized
+from relax_pass.forms.stabilized.stabilized import StabilizedMatch, find_stabilized
+from relax_pass.forms.stabilized.standalone import fuse_stabilized
 from tests.harness import assert_outputs_match, run_model, torch_outputs
 
 
 def _users(func):
-    from relax_pass.stabilized import _users as users
+    from relax_pass.forms.stabilized.stabilized import _users as users
     return users(func)
 
 
@@ -139,7 +140,7 @@ def test_a_stacked_loop_written_out():
 
 def test_as_recurrences_for_the_pass(rwkv):
     """``find_stabilized_scans``: what FuseAffineRecurrences's hook reads (chains.Recurrence)."""
-    from relax_pass.stabilized import find_stabilized_scans
+    from relax_pass.forms.stabilized.stabilized import find_stabilized_scans
     _, _, mod = rwkv
     recs = find_stabilized_scans(mod)
     assert [(r.form, r.rejected, r.length) for r in recs] == [("stabilized", False, 16)] * 2

@@ -104,7 +104,7 @@ def test_clamp_is_one_chain_not_a_report_per_step():
 def test_validation_refuses_a_wrong_rewrite(monkeypatch):
     """The translation validation is the last line: a rewrite that stacks the states on the
     wrong axis (the bug of issue case 1, put back on purpose) is found and left alone."""
-    from relax_pass import plan
+    from relax_pass.forms.affine import plan
 
     def transposed(bb, states, axis, rank, cat_axis, expand, increasing, shape):
         perm = list(range(rank + 1))
@@ -123,7 +123,7 @@ def test_validation_refuses_a_wrong_rewrite(monkeypatch):
 
 def test_validation_refuses_a_type_change(monkeypatch):
     """(a) of the validation: a replacement of another shape is refused before any probe."""
-    from relax_pass import plan
+    from relax_pass.forms.affine import plan
 
     def wrong_shape(bb, states, axis, rank, cat_axis, expand, increasing, shape):
         return states                  # (B, D, L) where the stack is (L, B, D)

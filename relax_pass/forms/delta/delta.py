@@ -31,10 +31,11 @@ from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 
-from .interpret import EVAL_ERRORS, random_input
-from .lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
-from .mlstm import _args, _closure, _MReader, _Probe
-from .stabilized import RTOL, NotStabilized, _analysis, _users
+from ...interpret import EVAL_ERRORS, random_input
+from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
+from ..mlstm.mlstm import _args, _closure, _MReader, _Probe
+from ..stabilized.reader import RTOL, NotStabilized, _analysis
+from ..stabilized.stabilized import _users
 
 __all__ = ["DeltaMatch", "find_delta", "find_delta_scans", "emit_delta"]
 
@@ -526,7 +527,7 @@ def emit_delta(bb, match, visit):
 def find_delta_scans(mod):
     """The delta-rule loops of every Relax function in ``mod`` as ``chains.Recurrence``s of
     form ``"delta"`` (accepted: ``rec.delta`` holds the match; near misses the reason)."""
-    from .chains import Recurrence  # pylint: disable=import-outside-toplevel
+    from ...chains import Recurrence  # pylint: disable=import-outside-toplevel
 
     found = []
     for gvar, func in mod.functions_items():

@@ -12,7 +12,7 @@ from tvm import relax
 from scanweaver_core.scan_op import make_scan
 from scanweaver_core.spec import MatrixScanSpec
 
-from .steps import tensor_dtype, tensor_shape
+from ...steps import tensor_dtype, tensor_shape
 
 SCAN_ROLES = ("B", "H", "L")
 STATE_ROLES = ("B", "H", "K", "V")

@@ -11,8 +11,8 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap
 
-from .interpret import EVAL_ERRORS, Interpreter
-from .steps import op_name, tensor_shape
+from ...interpret import EVAL_ERRORS, Interpreter
+from ...steps import op_name, tensor_shape
 
 
 def stack_sources(value_of, users, length):

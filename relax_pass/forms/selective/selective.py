@@ -26,9 +26,9 @@ from tvm import relax
 from scanweaver_core.exprs import VarMap
 from scanweaver_core.spec import SelectiveScanSpec
 
-from .npeval import SUPPORTED, evaluate, inputs
-from .operands import agrees, choose, layouts_of_shape, operands_of, probe
-from .steps import _step_slice, op_name, tensor_dtype, tensor_shape
+from ...npeval import SUPPORTED, evaluate, inputs
+from ...operands import agrees, choose, layouts_of_shape, operands_of, probe
+from ...steps import _step_slice, op_name, tensor_dtype, tensor_shape
 
 READOUT_BUDGET = 80      # bindings walked from a stacked readout back to its state
 

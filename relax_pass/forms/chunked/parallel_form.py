@@ -13,7 +13,7 @@ import numpy as np
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
-from .interpret import EVAL_ERRORS, Interpreter
+from ...interpret import EVAL_ERRORS, Interpreter
 
 READ_THROUGH = ("relax.cumsum", "relax.expand_dims")     # a log-decay's cumsum, its broadcasts
 NOT_A_SCAN = ("relax.nn.softmax", "relax.nn.log_softmax", "relax.max", "relax.argmax")

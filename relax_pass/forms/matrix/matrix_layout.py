@@ -10,8 +10,8 @@ from tvm import relax
 
 from scanweaver_core.scan_op import make_scan
 
+from ...steps import tensor_dtype, tensor_shape
 from .matrix import INNER
-from .steps import tensor_dtype, tensor_shape
 
 _LANES = ("B", "H")
 

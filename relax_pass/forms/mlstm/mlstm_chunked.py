@@ -34,8 +34,8 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
-from .chunked import _dead, _Facts, _Probe, _region, entries_and_exits
-from .interpret import EVAL_ERRORS
+from ...interpret import EVAL_ERRORS
+from ..chunked.region import _dead, _Facts, _Probe, _region, entries_and_exits
 
 __all__ = ["ChunkedMLSTMMatch", "NotChunkedMLSTM", "find_chunked_mlstm", "emit_chunked_mlstm"]
 

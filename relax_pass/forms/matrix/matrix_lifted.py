@@ -16,9 +16,10 @@ from scanweaver_core.exprs import VarMap
 from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.spec import AffineScanSpec, MatrixScanSpec
 
-from .matrix import Factor, input_and_decay, looks_outer, matrix_spec, readout_piece
+from ...steps import tensor_dtype, tensor_shape
+from .factors import Factor, input_and_decay, looks_outer
+from .matrix import matrix_spec, readout_piece
 from .matrix_layout import canonical, emit_matrix_scan, scan_to_stack, state_from_scan
-from .steps import tensor_dtype, tensor_shape
 
 READOUT_TRIES = 40      # bindings above the states tried as their readout
 

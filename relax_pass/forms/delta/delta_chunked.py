@@ -33,9 +33,9 @@ from scanweaver_core.exprs import VarMap, error_line, op_name, tensor_dtype, ten
 from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 
-from .chunked import _dead, _Probe
-from .interpret import EVAL_ERRORS
-from .mlstm_chunked import _close, _reads_from, region_attempts
+from ...interpret import EVAL_ERRORS
+from ..chunked.region import _dead, _Probe
+from ..mlstm.mlstm_chunked import _close, _reads_from, region_attempts
 
 __all__ = ["ChunkedDeltaMatch", "NotChunkedDelta", "find_chunked_delta", "emit_chunked_delta"]
 
@@ -84,7 +84,7 @@ def _factors(facts, var):
 
 class _Region:
     def __init__(self, facts, ex, entries, tainted):
-        from .chunked import _region  # pylint: disable=import-outside-toplevel
+        from ..chunked.region import _region  # pylint: disable=import-outside-toplevel
         self.facts, self.exit = facts, ex.var
         self.region = _region(facts, ex.var, tainted, entries)
         mine = [e for e in entries if e.var in self.region]

@@ -37,9 +37,9 @@ from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
 from scanweaver_core.scan_op import emit_spec_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
-from .interpret import EVAL_ERRORS, Interpreter, random_input
-from .lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
-from .stabilized import RTOL, NotStabilized, _analysis, _Reader
+from ...interpret import EVAL_ERRORS, Interpreter, random_input
+from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
+from ..stabilized.reader import RTOL, NotStabilized, _analysis, _Reader
 
 __all__ = ["MLSTMMatch", "find_mlstm", "find_mlstm_scans", "emit_mlstm"]
 
@@ -449,8 +449,8 @@ def emit_mlstm(bb, match, visit):
 def find_mlstm_scans(mod):
     """The mLSTM loops of every Relax function in ``mod`` as ``chains.Recurrence``s of form
     ``"mlstm"`` (accepted: ``rec.mlstm`` holds the match; near misses the reason)."""
-    from .chains import Recurrence  # pylint: disable=import-outside-toplevel
-    from .stabilized import _users  # pylint: disable=import-outside-toplevel
+    from ...chains import Recurrence  # pylint: disable=import-outside-toplevel
+    from ..stabilized.stabilized import _users  # pylint: disable=import-outside-toplevel
 
     found = []
     for gvar, func in mod.functions_items():

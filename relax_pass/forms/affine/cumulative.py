@@ -11,8 +11,8 @@ from tvm import relax
 from scanweaver_core.scan_op import emit_affine_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
-from .chains import Recurrence
-from .steps import op_name, tensor_dtype, tensor_shape
+from ...chains import Recurrence
+from ...steps import op_name, tensor_dtype, tensor_shape
 
 KINDS = {"relax.cumsum": "cumsum", "relax.cumprod": "cumprod"}
 
