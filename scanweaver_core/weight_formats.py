@@ -68,7 +68,11 @@ class WeightFormat:
         top = 2 ** self.bits - 1
         if self.symmetric:
             half = 2 ** (self.bits - 1) - 1                   # 127, 7: zero stays exactly zero
-            scale = np.abs(blocks).max(axis=1) / half
+            if self.bits == 4:   # all 16 levels: the group's largest magnitude is -8 (its sign in
+                picked = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], 1)[:, 0]
+                scale = picked / -(half + 1)                  # the scale), as llama.cpp's Q4_0
+            else:                                             # and NNCF's INT4_SYM do
+                scale = np.abs(blocks).max(axis=1) / half
             scale[scale == 0] = 1.0
             q = np.clip(np.rint(blocks / scale[:, None]), -half - 1, half)
             offset = 0 if self.bits == 8 and self.group is None else half + 1
