@@ -1,12 +1,16 @@
 """What each weight format costs in quality, ours next to OpenVINO's NNCF compression of the same
 model in the same run.
 
-    python -m bench.quantized_quality [--formats int8,int8_asym,int4,int4_asym_g32] [--layers 4]
-                                      [--prompts 4] [--prompt 32] [--new 16] [--hidden 768]
+    python -m bench.quantized_quality [--formats int8,int8_asym,int4,int4_asym_g32]
+                                      [--checkpoint DIR | --random] [--prompts 8] [--prompt 32] [--new 16]
+                                      [--layers 4] [--hidden 768]    (the random model's size)
 
-HF ``MambaForCausalLM`` (random weights at ``--hidden``; vocabulary 50280), float32.  For a fixed
-set of ``--prompts`` prompts, transformers' float32 greedy continuation of ``--new`` tokens is the
-reference; every quantized model is fed those tokens (teacher forcing) and scored at each
+The model: by default the demo's checkpoint (``scanweaver_tvm/demo_model``: a Mamba trained on
+Shakespeare, saved in bf16), run in float32, its prompts cut from the text it never trained on
+(the last 5%); ``--random``: HF ``MambaForCausalLM`` with random weights at ``--hidden``
+(vocabulary 50280) and random prompts, whose near-tied logits any rounding flips (kept as the
+worst case).  For each of ``--prompts`` prompts, transformers' float32 greedy continuation of
+``--new`` tokens is the reference; every quantized model is fed those tokens (teacher forcing) and scored at each
 continuation position: the largest logit error relative to the largest float32 logit (median
 over positions), and whether its next token is float32's.  Ours: ``compile_causal_lm(weights=)``,
 prefill then decode steps; OpenVINO: ``ov.convert_model`` of the float32 logits, NNCF's
@@ -22,6 +26,30 @@ import sys
 import numpy as np
 
 from . import outputs
+
+
+DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "scanweaver_tvm", "demo_model")
+
+
+def trained(checkpoint, count, length):
+    """The checkpoint in float32 and ``count`` prompts of ``length`` tokens cut evenly from the
+    held-out end of the text it was trained on."""
+    import torch
+    import transformers
+
+    from scanweaver_tvm.train_demo_model import HELD_OUT, read_text
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    ids = tokenizer(read_text())["input_ids"]
+    held = ids[int((1 - HELD_OUT) * len(ids)):]
+    step = (len(held) - length) // count
+    prompts = [torch.tensor([held[i * step:i * step + length]]) for i in range(count)]
+    cfg = model.config
+    about = (f"the demo's checkpoint ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab "
+             f"{cfg.vocab_size}, trained on Shakespeare, bf16 weights run in float32), prompts from its "
+             "held-out text")
+    return model, prompts, about
 
 
 def reference(model, prompts, new):
@@ -86,8 +114,10 @@ def main(argv=None):
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--formats", default="int8,int8_asym,int4,int4_asym_g32")
+    p.add_argument("--checkpoint", default=None, help="a Mamba checkpoint directory (default: the demo's)")
+    p.add_argument("--random", action="store_true", help="a random-weight model instead of a checkpoint")
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new", type=int, default=16)
     p.add_argument("--hidden", type=int, default=768)
@@ -95,11 +125,16 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out_generate"))
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    cfg = transformers.MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=16,
-                                   num_hidden_layers=args.layers, expand=2)
-    model = transformers.MambaForCausalLM(cfg).eval()
-    prompts = [torch.randint(0, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(seed))
-               for seed in range(args.prompts)]
+    if args.random:
+        cfg = transformers.MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=16,
+                                       num_hidden_layers=args.layers, expand=2)
+        model = transformers.MambaForCausalLM(cfg).eval()
+        prompts = [torch.randint(0, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(seed))
+                   for seed in range(args.prompts)]
+        about = (f"HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, random weights), "
+                 "random prompts")
+    else:
+        model, prompts, about = trained(args.checkpoint or DEMO_MODEL, args.prompts, args.prompt)
     refs = reference(model, prompts, args.new)
     rows = {}
     for spec in args.formats.split(","):
@@ -108,8 +143,7 @@ def main(argv=None):
         rows[spec]["openvino"] = score(peer, refs, args.prompt) if peer else {"failed": precision}
         print(spec, rows[spec], flush=True)
     machine = _machine()
-    lines = [f"# Quality of quantized weights, HF Mamba ({args.layers} layers, hidden {args.hidden}, vocab "
-             f"{args.vocab}, random weights), ours vs OpenVINO + NNCF", "",
+    lines = [f"# Quality of quantized weights, ours vs OpenVINO + NNCF: {about}", "",
              f"{machine['cpu']}, {machine['cores']} cores; {args.prompts} prompts of {args.prompt} tokens, "
              f"{args.new} greedy float32 tokens each, teacher-forced; OpenVINO at f32.", "",
              "| format | ours: median logit error | ours: next token = float32's | "
@@ -121,7 +155,8 @@ def main(argv=None):
                         else f"{ov['failed']} | - |"))
     text = "\n".join(lines) + "\n"
     print(text)
-    outputs.write(args.out, "quantized_quality", {"machine": machine, "args": vars(args), "rows": rows}, text)
+    name = "quantized_quality_random" if args.random else "quantized_quality"
+    outputs.write(args.out, name, {"model": about, "machine": machine, "args": vars(args), "rows": rows}, text)
     return 0
 
 
