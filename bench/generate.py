@@ -95,7 +95,9 @@ def first_difference(model, ours, want):
         return None
     step = int(differ[0])
     prefix = want[:, :step]
-    with torch.no_grad():
+    from scanweaver_tvm.causal_lm import torch_kernels
+
+    with torch.no_grad(), torch_kernels():
         exact = copy.deepcopy(model).float()(prefix).logits[0, -1].double().numpy()
         theirs = model(prefix).logits[0, -1].double().numpy()
     ours_token, their_token = int(ours[0, step]), int(want[0, step])
@@ -202,6 +204,7 @@ def main(argv=None):
     import transformers
 
     import scanweaver_tvm as sw
+    from scanweaver_tvm.causal_lm import torch_kernels
 
     from .scan import _machine
 
@@ -239,8 +242,8 @@ def main(argv=None):
     compile_s = time.perf_counter() - start
     print(f"compiled in {compile_s:.1f} s", flush=True)
 
-    def hf(n):
-        with torch.no_grad():
+    def hf(n):                  # (transformers' torch path: fla's Triton kernels need a GPU)
+        with torch.no_grad(), torch_kernels():
             start = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
             return out, time.perf_counter() - start
