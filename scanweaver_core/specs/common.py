@@ -90,3 +90,14 @@ class NamedOperands:
         """``{name: dtype}`` of the inputs, in order."""
         dtypes = self.buffer_dtypes()
         return {n: dtypes[n] for n in self.operand_names()}
+
+    def check_operands(self, given, check_dtypes=True):
+        """Raise ``ValueError`` naming the first operand of ``given`` (``{name: array}``) whose
+        shape, or (``check_dtypes``) dtype, is not this spec's."""
+        dtypes = self.operand_dtypes()
+        for name, want in self.operand_shapes().items():
+            x = given[name]
+            if tuple(int(n) for n in x.shape) != want:
+                raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
+            if check_dtypes and str(x.dtype) != dtypes[name]:
+                raise ValueError(f"{name}: dtype {x.dtype} is not {dtypes[name]}")

@@ -132,11 +132,5 @@ class DeltaScanSpec(NamedOperands):
                    h0 is not None, bool(return_last_state), str(q.dtype) if check_dtypes else "float32",
                    "delta" if a is None else "dplr")
         given = {"q": q, "k": k, "v": v, "beta": beta, "g": g, "p": p, "S0": h0, "a": a, "b": b}
-        dtypes = spec.operand_dtypes()
-        for name, want in spec.operand_shapes().items():
-            x = given[name]
-            if tuple(int(n) for n in x.shape) != want:
-                raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
-            if check_dtypes and str(x.dtype) != dtypes[name]:
-                raise ValueError(f"{name}: dtype {x.dtype} is not {dtypes[name]}")
+        spec.check_operands(given, check_dtypes)
         return spec

@@ -98,11 +98,5 @@ class MLSTMScanSpec(NamedOperands):
             raise ValueError(f"h0: expected {len(spec.state_names())} arrays "
                              f"({', '.join(n + '0' for n in spec.state_names())}), got {len(h0)}")
         given = dict(zip(spec.operand_names(), [q, k, v, i, f] + list(h0 or ())))
-        dtypes = spec.operand_dtypes()
-        for name, want in spec.operand_shapes().items():
-            x = given[name]
-            if tuple(int(n) for n in x.shape) != want:
-                raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
-            if check_dtypes and str(x.dtype) != dtypes[name]:
-                raise ValueError(f"{name}: dtype {x.dtype} is not {dtypes[name]}")
+        spec.check_operands(given, check_dtypes)
         return spec

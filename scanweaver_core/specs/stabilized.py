@@ -138,11 +138,5 @@ class StabilizedScanSpec(NamedOperands):
         if h0 is not None and len(h0) != len(spec.state_names()):
             raise ValueError(f"h0: expected {len(spec.state_names())} arrays "
                              f"({', '.join(n + '0' for n in spec.state_names())}), got {len(h0)}")
-        dtypes = spec.operand_dtypes()
-        for name, want in spec.operand_shapes().items():
-            x = given[name]
-            if tuple(int(n) for n in x.shape) != want:
-                raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
-            if check_dtypes and str(x.dtype) != dtypes[name]:
-                raise ValueError(f"{name}: dtype {x.dtype} is not {dtypes[name]}")
+        spec.check_operands(given, check_dtypes)
         return spec

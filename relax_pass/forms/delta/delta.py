@@ -33,7 +33,7 @@ from scanweaver_core.spec import SUPPORTED_DTYPES, DeltaScanSpec
 
 from ...interpret import EVAL_ERRORS, random_input
 from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
-from ..mlstm.mlstm import _args, _closure, _MReader, _Probe
+from ..mlstm.mlstm import _args, _closure, _MReader, _Probe, _step_window
 from ..stabilized.reader import RTOL, NotStabilized, _analysis
 from ..stabilized.stabilized import _users
 
@@ -453,19 +453,8 @@ def _build_from(reader, steps, an):
         except NotDelta as err:
             if transposed or "applied to every column alike" not in str(err):
                 raise
-    checked = [steps[0], steps[1], steps[-1]]
-    window = reverse = None
-    for name in [n for n, x in steps[0].ops.items() if x is not None]:
-        idx = [an.template(s.ops[name]).index for s in checked]
-        if any(not isinstance(x, int) for x in idx):
-            raise NotDelta(f"the {name} operands are not per-step slices of one tensor")
-        delta = idx[1] - idx[0]
-        if delta not in (1, -1) or idx[2] != idx[0] + delta * (len(steps) - 1):
-            raise NotDelta(f"the {name} operands' time indices are not consecutive: {idx}")
-        here = (delta == -1, (min(idx[0], idx[2]), len(steps)))
-        if (reverse, window) != (None, None) and here != (reverse, window):
-            raise NotDelta(f"the {name} operands do not run with the others")
-        reverse, window = here
+    reverse, window = _step_window(an, steps, [n for n, x in steps[0].ops.items() if x is not None],
+                                   lambda step, name: step.ops[name], NotDelta, "the others")
     output, out_axis, inside = reader.gathered(steps, reverse)
     if len(tensor_shape(output) or ()) == 3:
         out_axis = 2             # a bare concat of (B, H, V) readouts: (B, H, L*V) holds (B, H, L, V)

@@ -184,6 +184,26 @@ def _close(got, want):
     return float(np.max(np.abs(got - want), initial=0.0)) <= RTOL * max(1.0, float(np.max(np.abs(want), initial=0.0)))
 
 
+def _step_window(an, steps, names, read, error, others):
+    """``(reverse, (start, length))``: the time window every operand ``names`` (``read(step,
+    name)``) reads, each step one slice of one tensor at consecutive time indices, all running
+    together; else ``error`` naming the operand (``others``: what the later operands run with,
+    for the message).  Only the first, second and last steps are read."""
+    window = reverse = None
+    for name in names:
+        idx = [an.template(read(steps[i], name)).index for i in (0, 1, -1)]
+        if any(not isinstance(x, int) for x in idx):
+            raise error(f"the {name} operands are not per-step slices of one tensor")
+        delta = idx[1] - idx[0]
+        if delta not in (1, -1) or idx[2] != idx[0] + delta * (len(steps) - 1):
+            raise error(f"the {name} operands' time indices are not consecutive: {idx}")
+        here = (delta == -1, (min(idx[0], idx[2]), len(steps)))
+        if (reverse, window) != (None, None) and here != (reverse, window):
+            raise error(f"the {name} operands do not run with {others}")
+        reverse, window = here
+    return reverse, window
+
+
 def _closure(reader, roots, stop, depth=12):
     """Vars that ``roots`` read (backwards, ``depth`` levels), not crossing ``stop``."""
     seen, frontier = VarMap(), list(roots)
@@ -381,19 +401,7 @@ def find_mlstm(func, value, users):
 
 def _build(reader, steps, an):
     eps = _match(reader, steps, an, np.random.default_rng(0))
-    checked = [steps[0], steps[1], steps[-1]]
-    window = reverse = None
-    for name in ("i", "f", "k", "v", "q"):
-        idx = [an.template(getattr(s, name)).index for s in checked]
-        if any(not isinstance(x, int) for x in idx):
-            raise NotMLSTM(f"the {name} operands are not per-step slices of one tensor")
-        delta = idx[1] - idx[0]
-        if delta not in (1, -1) or idx[2] != idx[0] + delta * (len(steps) - 1):
-            raise NotMLSTM(f"the {name} operands' time indices are not consecutive: {idx}")
-        here = (delta == -1, (min(idx[0], idx[2]), len(steps)))
-        if (reverse, window) != (None, None) and here != (reverse, window):
-            raise NotMLSTM(f"the {name} operands do not run with the gates")
-        reverse, window = here
+    reverse, window = _step_window(an, steps, ("i", "f", "k", "v", "q"), getattr, NotMLSTM, "the gates")
     output, out_axis, inside = reader.gathered(steps, reverse)
     if len(tensor_shape(output) or ()) == 3:
         out_axis = 2             # a bare concat of (B, H, V) readouts: (B, H, L*V) holds (B, H, L, V)
