@@ -1,0 +1,107 @@
+"""The cost model of a sequence-parallel scan layer, on paper: what each rank sends, what the
+fold computes, and how long the exchange takes on a given link, next to the two other ways of
+splitting a sequence (Megatron-LM's all-to-all of activations; LASP-1's state passed rank to
+rank).  ``summary_bytes`` is written from the specs' definitions, apart from the module that
+packs the summaries, and a test holds the two equal."""
+from dataclasses import dataclass
+
+from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+                                  StabilizedScanSpec)
+
+F32 = 4
+
+
+def summary_entries(spec):
+    """``(transition, state)``: float32 entries of a part's summary, independent of its length.
+
+    - affine, ``h = a h + b``: a transition and a state per lane;
+    - selective (Mamba-1): ``B * D * N`` each (the transition ``exp(A * sum dt)`` per entry);
+    - matrix: ``B * H * K * V`` each (a decay of none: no transition);
+    - stabilized (RWKV's WKV): ``num`` (with values), ``den``, ``max`` per (B, C), and the
+      summed log decay unless there is none;
+    - mLSTM: ``C`` (K x V), ``n`` (K, normalized), ``m`` per (B, H), and the summed log forget;
+    - delta rules and DPLR: a K x K transition and the K x V state per (B, H)."""
+    if isinstance(spec, AffineScanSpec):
+        return spec.lanes, spec.lanes
+    if isinstance(spec, SelectiveScanSpec):
+        n = spec.batch * spec.dim * spec.dstate
+        return n, n
+    if isinstance(spec, MatrixScanSpec):
+        n = spec.batch * spec.heads * spec.key * spec.value
+        return (0 if spec.decay == "none" else n), n
+    if isinstance(spec, StabilizedScanSpec):
+        lanes = spec.batch * spec.channels
+        return (0 if spec.decay == "none" else lanes), lanes * ((1 if spec.has_values else 0) + 2)
+    if isinstance(spec, MLSTMScanSpec):
+        heads = spec.batch * spec.heads
+        return heads, heads * (spec.key * spec.value + (spec.key if spec.normalized else 0) + 1)
+    if isinstance(spec, DeltaScanSpec):
+        heads = spec.batch * spec.heads
+        return heads * spec.key * spec.key, heads * spec.key * spec.value
+    raise TypeError(f"not a scan spec: {type(spec).__name__}")
+
+
+def summary_bytes(spec):
+    """Bytes one rank contributes to the layer's one all-gather (``summary_entries``, float32):
+    GDN with B = 1, H = 16, K = V = 128 sends 2 MiB, whatever the prompt's length."""
+    return F32 * sum(summary_entries(spec))
+
+
+def fold_flops(spec, ranks):
+    """Floating-point operations a rank spends folding all ``ranks`` summaries (the final
+    state too): per part, a multiply-add per state entry (linear forms), two exponentials and
+    a multiply-add per entry (log-space forms), a K x K by K x V product (delta rules)."""
+    transition, state = summary_entries(spec)
+    if isinstance(spec, DeltaScanSpec):
+        return ranks * 2 * transition * spec.value
+    per_entry = 4 if isinstance(spec, (StabilizedScanSpec, MLSTMScanSpec)) else 2
+    return ranks * per_entry * state
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect: bandwidth per direction (bytes/s) and latency per message (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+
+# NVIDIA's figures: H100 NVLink 4 (900 GB/s total, 450 GB/s a direction); NDR InfiniBand
+# (400 Gb/s = 50 GB/s a port).  Latencies are the usual order of magnitude for NCCL
+# small-message collectives (a few microseconds in a node, ~10 across nodes).
+LINKS = (Link("NVLink 4 (H100, in a node)", 450e9, 3e-6), Link("InfiniBand NDR (across nodes)", 50e9, 10e-6))
+
+
+def allgather_seconds(payload, ranks, link):
+    """A ring all-gather of ``payload`` bytes a rank: ``ranks - 1`` steps, each one message."""
+    return (ranks - 1) * (link.latency + payload / link.bandwidth)
+
+
+def ring_pass_seconds(payload, ranks, link):
+    """LASP-1's state passed rank to rank: ``ranks - 1`` dependent hops, each after the
+    previous rank's part has finished (so the parts' compute serializes too; not counted)."""
+    return (ranks - 1) * (link.latency + payload / link.bandwidth)
+
+
+def all_to_all_seconds(batch, length, width, ranks, link, itemsize=2, exchanges=2):
+    """Megatron-LM's context parallelism for Mamba: ``exchanges`` all-to-alls of the layer's
+    (B, L, width) activations (bf16 by default), each rank sending ``(ranks - 1) / ranks`` of
+    its ``L / ranks`` rows: bytes that grow with L."""
+    per_rank = batch * length / ranks * width * itemsize * (ranks - 1) / ranks
+    return exchanges * ((ranks - 1) * link.latency + per_rank / link.bandwidth)
+
+
+def projection(spec, ranks, width, length):
+    """``[(link, ours, ring, all-to-all)]`` seconds per layer of ``spec``'s exchange at
+    ``ranks`` ranks, the all-to-all moving ``width`` channels of a ``length``-token prompt."""
+    payload = summary_bytes(spec)
+    rows = []
+    for link in LINKS:
+        rows.append((link.name, allgather_seconds(payload, ranks, link), ring_pass_seconds(payload, ranks, link),
+                     all_to_all_seconds(spec_batch(spec), length, width, ranks, link)))
+    return rows
+
+
+def spec_batch(spec):
+    return spec.shape[0] if isinstance(spec, AffineScanSpec) else spec.batch
