@@ -61,12 +61,18 @@ def _load(model_or_path):
 class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
-    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None):
+    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None, ranks=None):
         self.model, self.target, self.prompt_sizes, self.weights = model, target, prompt_sizes, weights
+        if ranks is not None and (not isinstance(ranks, int) or ranks < 1):
+            raise ValueError(f"ranks: needs a positive int, got {ranks!r}")
+        self.ranks = ranks
         if weights is not None:
             weight_format(weights)        # (an unknown format: a clear error now, not at the build)
         self.config = model.config
         self.layout = _layout(model, attention_cache)
+        if ranks and (getattr(self.layout, "paged", None) or self.layout.grows):
+            raise NotImplementedError(f"ranks: {type(model).__name__} has attention layers; a split prefill does not "
+                                      "yet exchange their keys and values (recurrent models only)")
         self._built = {}                  # batch size -> (IRModule, VirtualMachine)
         self.last_timings = None          # Timings of the last generate
 
@@ -78,7 +84,8 @@ class CompiledCausalLM:
         if batch not in self._built:
             first = self.shortest_prompt
             sizes = self.prompt_sizes or (first + 1, first + 3, first + 5)
-            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights)
+            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights,
+                                          self.ranks)
         return self._built[batch]
 
     @property
@@ -146,6 +153,47 @@ class CompiledCausalLM:
         out = vm["prefill"](tvm.runtime.tensor(ids), cache.handle)
         cache.end(length, seqs)
         return out[0], [cache] + list(out[1:])
+
+    def prefill_part(self, input_ids, rank):
+        """This rank's part of a prompt split across ``ranks`` ranks (consecutive parts, each
+        at least ``shortest_prompt`` tokens, as ``scanweaver_core.sequence_parts.split`` cuts):
+        ``(logits (B, vocab) of the part's last position, states)``.  Every rank calls it at
+        once (one all-gather a layer, on torch.distributed's default group); the last rank's
+        logits and states are the whole prompt's, so decode runs there."""
+        import tvm
+
+        if not self.ranks:
+            raise ValueError("prefill_part: compile with ranks=N (compile_causal_lm(..., ranks=N))")
+        if not isinstance(rank, int) or not 0 <= rank < self.ranks:
+            raise ValueError(f"rank: {rank!r} is not in [0, {self.ranks})")
+        ids = _as_ids(input_ids)
+        if ids.shape[1] < self.shortest_prompt:
+            raise ValueError(f"input_ids: a part of {ids.shape[1]} tokens; each rank's part needs at least "
+                             f"{self.shortest_prompt} (the conv window)")
+        vm = self._build(ids.shape[0])[1]
+        out = vm["prefill_split"](tvm.runtime.tensor(ids), tvm.runtime.tensor(np.array(rank, dtype=np.int64)))
+        return out[0], list(out[1:])
+
+    def generate_split(self, input_ids, rank, max_new_tokens=20):
+        """Greedy ``generate`` of a prompt prefilled across the ranks (every rank passes the
+        whole ``input_ids``; each prefills its part, ``prefill_part``): the last rank decodes
+        and returns ``(B, L + new)`` ids (a torch tensor), the others None."""
+        import torch
+
+        from scanweaver_core.sequence_parts import split
+
+        ids = _as_ids(input_ids)
+        start, stop = split(ids.shape[1], self.ranks)[rank]
+        logits, states = self.prefill_part(ids[:, start:stop], rank)
+        if rank != self.ranks - 1:
+            return None
+        out = [ids]
+        for step in range(max_new_tokens):
+            nxt = logits.numpy().argmax(-1)
+            out.append(nxt[:, None])
+            if step < max_new_tokens - 1:
+                logits, states = self.decode(nxt, states)
+        return torch.from_numpy(np.concatenate(out, axis=1))
 
     def _prefill_padded(self, ids, starts, max_length):
         """Each row's prompt without its padding, prefilled alone (batch 1; into its own
@@ -343,7 +391,8 @@ def _as_ids(x):
     return arr
 
 
-def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None):
+def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None,
+                      ranks=None):
     """A transformers causal LM (an object, or a checkpoint directory for
     ``from_pretrained``) as ``CompiledCausalLM``: ``prefill``, ``decode`` and ``generate``,
     compiled on first use for each batch size.  ``prompt_sizes``: the prompt lengths traced to
@@ -351,5 +400,7 @@ def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention
     paged KV cache where its kernels fit the model's attention layers, else tensors; the
     reason is ``layout.not_paged``) or "tensors" (each decode returns the caches one position
     longer: a copy per token).  ``weights``: a weight format (``"int8"``, ``"int4"``,
-    ...) quantizes the dense layers' weights (``sw.compile``'s ``weights``); None keeps the model's."""
-    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights)
+    ...) quantizes the dense layers' weights (``sw.compile``'s ``weights``); None keeps the model's.
+    ``ranks``: also compile the prefill of one rank's part of a prompt split across ``ranks``
+    torch.distributed ranks (``prefill_part``, ``generate_split``; recurrent models)."""
+    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights, ranks)

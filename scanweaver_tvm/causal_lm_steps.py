@@ -6,6 +6,8 @@ compiled into one module per batch size (``_compile``), states updated in place.
 import contextlib
 import inspect
 
+import numpy as np
+
 from .state_layout import StateLayout, TensorTreeLayout, attributes_restored, held_states, tensor_attributes
 
 PROBE = 40    # tokens of the prompt that checks a model's attention through the paged cache
@@ -193,9 +195,11 @@ def _steps(model, layout):
     return Prefill().eval(), Decode().eval()
 
 
-def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None):
+def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None, ranks=None):
     """Import both steps at batch ``batch`` (prefill over a symbolic prompt length ``L`` of at
-    least ``shortest``, traced at ``prompt_sizes``), merge them into one IRModule, compile it."""
+    least ``shortest``, traced at ``prompt_sizes``), merge them into one IRModule, compile it.
+    ``ranks``: also ``prefill_split``, the prefill of one rank's part of the prompt among
+    ``ranks`` (``relax_pass.split.sequence``)."""
     import torch
     import tvm
     from tvm import relax
@@ -234,8 +238,54 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None)
             mod[new] = func
     if spec:
         mod = paged.add_create_function(mod, spec, target)
-    vm = relax.VirtualMachine(sw_compile(mod, target, weights=weights), tvm.cpu())
+    if ranks:
+        mod = _with_split_prefill(mod, ranks)
+    executable = sw_compile(mod, target, weights=weights)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    if ranks:
+        _check_split_prefill(executable, batch, ranks, shortest, model.config.vocab_size)
     return mod, vm
+
+
+def _with_split_prefill(mod, ranks):
+    from relax_pass.split.sequence import add_split_prefill
+
+    from .sequence_parallel import collective  # noqa: F401 (registers the all-gather prefill_split calls)
+
+    return add_split_prefill(mod, ranks)
+
+
+def _check_split_prefill(executable, batch, ranks, shortest, vocab):
+    """Validate ``prefill_split``: a probe prompt prefilled over ``ranks`` ranks run as threads
+    must leave the last rank with the whole prefill's logits and states.  A model that reads
+    across positions in a way the split does not carry (RWKV's token shift, say) is refused
+    here rather than served wrong."""
+    import tvm
+    from tvm import relax
+
+    from relax_pass.split.sequence import SplitRefused
+    from scanweaver_core.sequence_parts import split
+
+    from .sequence_parallel.collective import in_threads
+
+    ids = np.random.default_rng(0).integers(0, vocab, (batch, ranks * max(shortest, 4) + 1))
+    whole = [x.numpy() for x in relax.VirtualMachine(executable, tvm.cpu())["prefill"](tvm.runtime.tensor(ids))]
+
+    def part(rank):
+        start, stop = split(ids.shape[1], ranks)[rank]
+        own = relax.VirtualMachine(executable, tvm.cpu())      # (one a thread)
+        return [x.numpy() for x in own["prefill_split"](tvm.runtime.tensor(np.ascontiguousarray(ids[:, start:stop])),
+                                                         tvm.runtime.tensor(np.array(rank, dtype=np.int64)))]
+
+    last = in_threads(ranks, part)[-1]
+    for i, (got, want) in enumerate(zip(last, whole)):
+        scale = max(float(np.abs(want.astype(np.float64)).max()), 1.0)
+        err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max()) / scale
+        if not err <= (1e-4 if want.dtype == np.float32 else 3e-2):
+            what = "logits" if i == 0 else f"state {i - 1}"
+            raise SplitRefused(f"ranks={ranks}: the split prefill's {what} differ from the whole prefill's by {err:.2g} "
+                               "of their scale on a probe prompt: the model reads across positions in a way the "
+                               "split does not carry (only fused scans and causal depthwise convs are split)")
 
 
 def _states_in_place(decode, layout, first_state):

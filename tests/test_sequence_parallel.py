@@ -111,6 +111,7 @@ def compile_for_rank_counts(spec, counts):
     """One VM holding ``summarize`` (the same for any count) and each count's ``finish`` as
     ``finish_<count>``: the functions ``sp.build`` makes, one compile for all."""
     from scanweaver_tvm import api
+    from scanweaver_tvm.sequence_parallel import collective  # noqa: F401 (the extern main calls)
 
     funcs = {"summarize": sp.build(spec, counts[0])["summarize"]}
     for count in counts:

@@ -12,9 +12,21 @@ import os
 import sys
 
 import numpy as np
+import torch
+import torch.distributed as dist
+import tvm
+from tvm import relax
 
+from relax_pass.split.summaries import run_scan
+from scanweaver_core.sequence_parts import time_axes, view
+from scanweaver_core.targets import physical_cores
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
+
+from .. import api
+from .collective import TRAFFIC
+from .cost import summary_bytes
+from .run import run_whole_split
 
 FORMS = {   # name: the whole scan's spec over `length` steps (small widths: a correctness check)
     "affine": lambda n: AffineScanSpec.create((2, n, 8), (2, n, 8), axis=1, has_h0=True, outputs=("states", "last")),
@@ -34,7 +46,6 @@ FORMS = {   # name: the whole scan's spec over `length` steps (small widths: a c
 def random_operands(spec, rng):
     """``{input name: array}`` for ``spec`` with the dynamics trained layers have: decays below
     one, gates in range, unit keys where the rule expects them."""
-    from .parts import view  # pylint: disable=import-outside-toplevel
 
     ops = view(spec).operands
     draw = _draws(spec, rng)
@@ -74,13 +85,6 @@ def _draws(spec, rng):
 
 def whole_scan(spec, operands, target="llvm"):
     """``{output name: array}`` of ``spec`` run whole, in one process."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm import relax  # pylint: disable=import-outside-toplevel
-
-    from .. import api  # pylint: disable=import-outside-toplevel
-    from .parts import view  # pylint: disable=import-outside-toplevel
-    from .summaries import run_scan  # pylint: disable=import-outside-toplevel
-
     shown = view(spec)
     params = {n: relax.Var(n, relax.TensorType(list(s), d)) for n, (s, d) in shown.operands.items()}
     bb = relax.BlockBuilder()
@@ -94,26 +98,9 @@ def whole_scan(spec, operands, target="llvm"):
     return dict(zip(shown.outputs, (r.numpy() for r in res)))
 
 
-def run_part(spec, operands, rank, world_size, target="llvm"):
-    """This rank's outputs (``{name: array}``) of ``spec`` over the whole ``operands``: its part
-    through the compiled module's ``main`` (which calls the all-gather)."""
-    import tvm  # pylint: disable=import-outside-toplevel
-
-    from .module import compile_part  # pylint: disable=import-outside-toplevel
-    from .parts import split_operands, view  # pylint: disable=import-outside-toplevel
-
-    part = split_operands(spec, operands, world_size)[rank]
-    vm = compile_part(spec, world_size, target)
-    res = vm["main"](*[tvm.runtime.tensor(np.array(part[n], order="C")) for n in view(spec).operands],
-                     tvm.runtime.tensor(np.array(rank, dtype=np.int64)))
-    res = [res] if hasattr(res, "numpy") else list(res)
-    return dict(zip(view(spec).outputs, (r.numpy() for r in res)))
-
-
 def compare(spec, parts, whole, rtol=1e-5):
     """Problems (strings) between every rank's outputs ``parts`` and the ``whole`` run: the
     per-step outputs concatenated along time, the last state on every rank."""
-    from .parts import time_axes  # pylint: disable=import-outside-toplevel
 
     axes = time_axes(spec)
     problems = []
@@ -141,12 +128,7 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=4099)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    import torch  # pylint: disable=import-outside-toplevel
-    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
 
-    from .collective import TRAFFIC  # pylint: disable=import-outside-toplevel
-    from .cost import summary_bytes  # pylint: disable=import-outside-toplevel
-    from scanweaver_core.targets import physical_cores  # pylint: disable=import-outside-toplevel
 
     torch.set_num_threads(1)
     os.environ["TVM_NUM_THREADS"] = str(max(1, physical_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -154,7 +136,7 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = FORMS[args.form](args.length)
     operands = random_operands(spec, np.random.default_rng(args.seed))
-    mine = run_part(spec, operands, rank, world)
+    mine = run_whole_split(spec, operands, rank, world)
     sent = TRAFFIC.bytes_sent
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((mine, sent), gathered, dst=0)

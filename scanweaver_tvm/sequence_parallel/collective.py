@@ -4,14 +4,16 @@ every rank's ``send`` concatenated along axis 0 in rank order into ``recv`` (the
 
 torch.distributed carries the bytes: gloo on CPUs, NCCL on GPUs, in whatever process group the
 caller set up (``torch.distributed.init_process_group``); without one, a single rank's gather is
-a copy.  TVM 0.27's Disco has no CPU collective (``init_ccl`` takes nccl / rccl only), which is
+a copy.  ``in_threads`` runs ranks as threads of this process instead (the check a split
+prefill gets at compile time).  TVM 0.27's Disco has no CPU collective (``init_ccl`` takes nccl / rccl only), which is
 why this is torch's.  ``TRAFFIC`` counts what this process contributed, for the cost model's
 check."""
+import threading
 from dataclasses import dataclass
 
 import tvm
 
-ALLGATHER = "scanweaver.ccl.allgather"
+from relax_pass.split.scan import ALLGATHER
 
 
 @dataclass
@@ -28,11 +30,59 @@ class Traffic:
 TRAFFIC = Traffic()
 
 
+class _ThreadGroup:
+    """Ranks as threads: each all-gather waits at a barrier for every rank's vector."""
+
+    def __init__(self, world, timeout_s):
+        self.world, self.vectors = world, [None] * world
+        self.barrier = threading.Barrier(world, timeout=timeout_s)
+
+    def allgather(self, rank, src, dst):
+        self.vectors[rank] = src.clone()
+        self.barrier.wait()
+        for r, x in enumerate(self.vectors):
+            dst[r * x.shape[0]:(r + 1) * x.shape[0]].copy_(x)
+        self.barrier.wait()          # (nobody overwrites a vector before every rank has read it)
+
+
+_THREAD = threading.local()
+
+
+def in_threads(world, work, timeout_s=300):
+    """``[work(rank) for rank in range(world)]``, the ranks run at once as threads whose
+    all-gathers meet in this process.  A rank's exception is raised here (the others' barrier
+    breaks: no hang)."""
+    group, results, errors = _ThreadGroup(world, timeout_s), [None] * world, []
+
+    def run(rank):
+        _THREAD.group, _THREAD.rank = group, rank
+        try:
+            results[rank] = work(rank)
+        except BaseException as err:  # pylint: disable=broad-except
+            errors.append(err)
+            group.barrier.abort()
+        finally:
+            _THREAD.group = None
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def _allgather(send, recv):
     import torch  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
 
     src, dst = torch.from_dlpack(send), torch.from_dlpack(recv)
+    group = getattr(_THREAD, "group", None)
+    if group is not None:
+        group.allgather(_THREAD.rank, src, dst)
+        return
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if dst.shape[0] != world * src.shape[0]:
         raise ValueError(f"{ALLGATHER}: the module was built for {dst.shape[0] // src.shape[0]} ranks, "

@@ -21,7 +21,7 @@ from scanweaver_core.scan_op import make_scan
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
 
-from .parts import time_axes, view, with_state
+from scanweaver_core.sequence_parts import time_axes, view, with_state
 
 F32 = "float32"
 

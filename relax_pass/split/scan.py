@@ -1,26 +1,27 @@
-"""One rank's part of a scan as a Relax module: ``summarize``, the all-gather, ``finish``.
+"""A scan split across ranks, in Relax: each rank ``summarize``s its part, one all-gather shares
+the summaries, each ``finish``es its part.
 
-- ``summarize(part)``: the part's summary (transition and state from the empty state,
+- ``summarize``: the part's summary (transition and state from the empty state,
   ``summaries``) packed in one float32 vector;
-- ``main`` passes it to the extern ``scanweaver.ccl.allgather`` (laid out as
-  ``R.ccl.allgather``: every rank's vector, concatenated in rank order), once;
-- ``finish(part, [h0], gathered, rank)``: folds the summaries of the parts before this rank's
-  (after it, for a reverse scan) onto the initial state, runs the part from that state, and
-  folds all of them for the final state, which every rank so holds.
+- the extern ``scanweaver.ccl.allgather`` (``ALLGATHER``, laid out as ``R.ccl.allgather``:
+  every rank's vector, concatenated in rank order) called once;
+- ``finish``: the summaries of the parts before this rank's (after it, for a reverse scan)
+  folded onto the initial state, the part run from that state, and all of them folded for the
+  final state, which every rank so holds.
 
-The parts' length is symbolic: one module serves every rank.  TVM does all the compute; the
-extern only moves bytes (``collective``)."""
+``emit_split_scan`` emits the three in place of one scan call (``SplitSequence`` does so in a
+model); ``build`` makes them a module of one rank's part, its length symbolic, so that one
+module serves every rank.  TVM does all the compute; the extern only moves bytes."""
 from dataclasses import dataclass
 
-import tvm
 from tvm import relax, tirx
 
+from scanweaver_core.sequence_parts import PART_LENGTH, view, with_length, with_state
 from scanweaver_core.spec import AffineScanSpec
 
 from . import summaries
-from .collective import ALLGATHER
-from .parts import PART_LENGTH, view, with_length, with_state
 
+ALLGATHER = "scanweaver.ccl.allgather"
 F32 = "float32"
 
 
@@ -64,9 +65,34 @@ def _check(spec, world_size):
                          "(the ranks' summaries have one size)")
 
 
+def summarize(bb, part, seq):
+    """Emit the part's packed summary from its per-step inputs ``seq`` (``{name: expr}``)."""
+    moved = summaries.transition(bb, part, seq)
+    state = summaries.summary_state(bb, part, seq)
+    return bb.emit(_pack(moved + state))
+
+
+def allgather(bb, packed, world_size):
+    """Emit the one all-gather: every rank's ``packed`` vector, in rank order."""
+    size = int(packed.ty.shape.values[0])
+    return bb.emit(relax.call_dps_packed(ALLGATHER, [packed], relax.TensorType([world_size * size], "float32")))
+
+
+def emit_split_scan(bb, spec, given, rank, world_size):
+    """Emit ``spec``'s scan over this rank's part (``given``: ``{input name: expr}``, the
+    part's per-step inputs and any initial state, held whole by every rank) as summarize,
+    all-gather, finish; ``{output name: expr}`` of the outputs ``spec`` returns."""
+    _check(spec, world_size)
+    h0_names = {name for name, *_ in summaries.state_parts(spec)}
+    seq = {n: x for n, x in given.items() if n not in h0_names}
+    gathered = allgather(bb, summarize(bb, spec, seq), world_size)
+    return finish(bb, spec, seq, {n: x for n, x in given.items() if n in h0_names}, gathered, rank, world_size)
+
+
 def build(spec, world_size):
     """The ``IRModule`` of one rank's part of ``spec`` (the whole scan's spec: its length is
-    replaced by the part's) among ``world_size`` ranks."""
+    replaced by the part's) among ``world_size`` ranks: ``summarize(part)``, ``finish(part,
+    [h0], gathered, rank)`` and ``main(part, [h0], rank)``, which calls the all-gather."""
     _check(spec, world_size)
     part = with_length(spec, PART_LENGTH)
     lay = layout(spec)
@@ -80,26 +106,23 @@ def build(spec, world_size):
     def rank_var():
         return relax.Var("rank", relax.TensorType([], "int64"))
 
-    gathered_type = relax.TensorType([world_size * lay.elements], F32)
+    def output(bb, got):
+        got = [got[n] for n in view(spec).outputs]
+        bb.emit_func_output(got[0] if len(got) == 1 else relax.Tuple(got))
+
     bb = relax.BlockBuilder()
     seq, _ = inputs()
     with bb.function("summarize", list(seq.values()), pure=True):
-        moved = summaries.transition(bb, part, seq)
-        state = summaries.summary_state(bb, part, seq)
-        bb.emit_func_output(bb.emit(_pack(moved + state)))
+        bb.emit_func_output(summarize(bb, part, seq))
     seq, given_h0 = inputs()
-    gathered, rank = relax.Var("gathered", gathered_type), rank_var()
+    gathered = relax.Var("gathered", relax.TensorType([world_size * lay.elements], F32))
+    rank = rank_var()
     with bb.function("finish", list(seq.values()) + list(given_h0.values()) + [gathered, rank], pure=True):
-        bb.emit_func_output(_finish(bb, spec, part, seq, given_h0, gathered, rank, world_size, lay))
-    mod = bb.get()
-    bb = relax.BlockBuilder(mod)
+        output(bb, finish(bb, part, seq, given_h0, gathered, rank, world_size))
     seq, given_h0 = inputs()
     rank = rank_var()
     with bb.function("main", list(seq.values()) + list(given_h0.values()) + [rank], pure=False):
-        packed = bb.emit(relax.Call(mod.get_global_var("summarize"), list(seq.values())))
-        gathered = bb.emit(relax.call_dps_packed(ALLGATHER, [packed], gathered_type))
-        bb.emit_func_output(bb.emit(relax.Call(mod.get_global_var("finish"), list(seq.values()) +
-                                               list(given_h0.values()) + [gathered, rank])))
+        output(bb, emit_split_scan(bb, part, {**seq, **given_h0}, rank, world_size))
     return bb.get()
 
 
@@ -130,7 +153,11 @@ def _unpack(bb, vector, shapes, start=0):
     return out
 
 
-def _finish(bb, spec, part, seq, given_h0, gathered, rank, world_size, lay):
+def finish(bb, part, seq, given_h0, gathered, rank, world_size):
+    """Emit the end of ``part``'s split scan: the state this rank starts from, folded from the
+    ``gathered`` summaries and the initial state (``given_h0``, else the default), the part run
+    from it, the final state; ``{output name: expr}``."""
+    lay = layout(part)
     states = summaries.state_parts(part)
     if given_h0:
         state = [bb.emit(relax.op.astype(given_h0[name], F32)) for name, *_ in states]
@@ -139,7 +166,7 @@ def _finish(bb, spec, part, seq, given_h0, gathered, rank, world_size, lay):
     rows = bb.emit(relax.op.reshape(gathered, [world_size, lay.elements]))
     n_moved = len(lay.transition)
     prefixes = [bb.emit(_pack(state))]
-    reverse = getattr(spec, "reverse", False)      # (a selective scan runs forward only)
+    reverse = getattr(part, "reverse", False)      # (a selective scan runs forward only)
     order = range(world_size - 1, -1, -1) if reverse else range(world_size)
     for p in order:
         row = bb.emit(relax.op.reshape(relax.op.strided_slice(rows, axes=[0], begin=[p], end=[p + 1]),
@@ -152,14 +179,13 @@ def _finish(bb, spec, part, seq, given_h0, gathered, rank, world_size, lay):
     index = relax.op.subtract(relax.const(world_size - 1, "int64"), rank) if reverse else rank
     start = _unpack(bb, bb.emit(relax.op.take(stack, index, axis=0, mode="clip")), lay.state)
     outputs = {}
-    wanted = view(spec).outputs
+    wanted = view(part).outputs
     lasts = {last: (x, dtype) for (_, last, _, dtype), x in zip(states, final)}
     if any(n not in lasts for n in wanted):
         run = _finish_spec(part)
         h0 = {name: bb.emit(relax.op.astype(x, dtype)) for (name, _, _, dtype), x in zip(states, start)}
         outputs = summaries.run_scan(bb, run, {**seq, **h0})
-    got = [outputs[n] if n not in lasts else bb.emit(relax.op.astype(*lasts[n])) for n in wanted]
-    return got[0] if len(got) == 1 else relax.Tuple(got)
+    return {n: outputs[n] if n not in lasts else bb.emit(relax.op.astype(*lasts[n])) for n in wanted}
 
 
 def _finish_spec(part):
@@ -167,14 +193,3 @@ def _finish_spec(part):
     if isinstance(part, AffineScanSpec):
         return AffineScanSpec(part.shape, part.a_shape, part.axis, part.reverse, True, part.dtype, ("states",))
     return with_state(part, True, False)
-
-
-def compile_part(spec, world_size, target="llvm"):
-    """``build`` compiled by ``scanweaver_tvm.compile`` for ``target``: a ``relax.VirtualMachine``
-    on the host CPU (or the target's device) with ``summarize``, ``finish`` and ``main``."""
-    from .. import api   # pylint: disable=import-outside-toplevel
-
-    target = api._target(target)     # pylint: disable=protected-access
-    ex = api.compile(build(spec, world_size), target)
-    device = tvm.device(target.kind.name if target.kind.name != "llvm" else "cpu")
-    return relax.VirtualMachine(ex, device)

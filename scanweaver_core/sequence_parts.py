@@ -8,7 +8,7 @@ every rank's part whatever its length."""
 import dataclasses
 from dataclasses import dataclass
 
-from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
+from .spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
 
 PART_LENGTH = "L"          # the symbolic length of a part

@@ -1,0 +1,148 @@
+"""``split_prefill``: a model's prefill (its scans fused) as one rank's part of the prompt.
+
+Two things in a recurrent model's prefill read across positions, and each becomes a part's
+plus one all-gather:
+
+- each scan: summarize, all-gather, finish (``scan.emit_split_scan``); its last state is the
+  whole prompt's on every rank;
+- each causal depthwise conv (``conv1d`` padded by ``W - 1`` on the left, Mamba's and
+  Mamba-2's short conv): the ``W - 1`` inputs before the part come from the previous rank's
+  last ones (zeros on rank 0), all-gathered, in place of the zero padding.
+
+Everything else in these models works per position.  A model with anything else that reads
+across positions (attention, a cumulative sum left unfused, a conv of another shape) is
+refused, naming the op: it would otherwise compute a different function.  The rank is a new
+last parameter, ``rank`` (a 0-d int64 tensor)."""
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from scanweaver_core.exprs import op_name
+from scanweaver_core.scan_op import parse_scan
+from scanweaver_core.sequence_parts import view
+
+from .scan import allgather, emit_split_scan
+
+# ops that read across positions and are not split here: a prefill holding one is refused
+MIXING = ("relax.cumsum", "relax.cumprod", "relax.nn.attention", "relax.nn.attention_bias", "relax.nn.softmax",
+          "relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d")
+
+
+class SplitRefused(ValueError):
+    """The prefill reads across positions in a way ``split_prefill`` does not carry."""
+
+
+def split_prefill(func, world_size, length_var):
+    """``func`` (a prefill whose scans are fused; its prompt length the symbolic ``length_var``)
+    as one rank's part among ``world_size`` ranks, with a ``rank`` parameter appended."""
+    func = relax.utils.copy_with_new_vars(func)       # (the whole prefill stays in the module)
+    rank = relax.Var("rank", relax.TensorType([], "int64"))
+    splitter = _Splitter(world_size, rank, length_var)
+    body = splitter.visit_expr(func.body)
+    return relax.Function(list(func.params) + [rank], body, func.ret_ty, func.is_pure, func.attrs)
+
+
+@mutator
+class _Splitter(PyExprMutator):
+    def __init__(self, world_size, rank, length_var):
+        super().__init__()
+        self.world_size, self.rank, self.length = world_size, rank, length_var
+
+    def visit_var_binding_(self, binding):
+        value = self.visit_expr(binding.value)
+        scan = parse_scan(value)
+        if scan is not None:
+            new = self._scan(*scan)
+        elif op_name(value) == "relax.nn.conv1d" and self._is_causal_conv(value):
+            new = self._conv(value)
+        else:
+            self._refuse_mixing(binding, value)
+            new = value
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(new)))
+
+    def _scan(self, spec, operands):
+        given = dict(zip(view(spec).operands, operands))
+        got = emit_split_scan(self.builder_, spec, given, self.rank, self.world_size)
+        outs = [got[n] for n in view(spec).outputs]
+        return outs[0] if len(outs) == 1 else relax.Tuple(outs)
+
+    @staticmethod
+    def _is_causal_conv(call):
+        attrs = call.attrs
+        width = int(call.args[1].ty.shape.values[2])
+        return (str(attrs.data_layout) == "NCW" and [int(p) for p in attrs.padding] == [width - 1, width - 1]
+                and [int(s) for s in attrs.strides] == [1] and [int(d) for d in attrs.dilation] == [1])
+
+    def _conv(self, call):
+        """The conv of ``[the previous part's last W - 1 inputs, this part's]``, unpadded on the
+        left: the same output shape as the zero-padded one, and the same values on one rank."""
+        bb = self.builder_
+        x, weight = call.args[0], call.args[1]
+        batch, channels, length = x.ty.shape.values
+        halo = int(weight.ty.shape.values[2]) - 1
+        if halo == 0:
+            return call
+        dtype = x.ty.dtype
+        tail = bb.emit(relax.op.strided_slice(x, axes=[2], begin=[length - halo], end=[length]))
+        flat = bb.emit(relax.op.reshape(relax.op.astype(tail, "float32"), [int(batch) * int(channels) * halo]))
+        every = bb.emit(relax.op.reshape(allgather(bb, flat, self.world_size),
+                                         [self.world_size, int(batch), int(channels), halo]))
+        previous = relax.op.maximum(relax.op.subtract(self.rank, relax.const(1, "int64")), relax.const(0, "int64"))
+        before = bb.emit(relax.op.take(every, previous, axis=0, mode="clip"))
+        first = relax.op.astype(relax.op.greater(self.rank, relax.const(0, "int64")), "float32")
+        before = bb.emit(relax.op.astype(relax.op.multiply(before, first), dtype))
+        joined = bb.emit(relax.op.concat([before, x], axis=2))
+        attrs = call.attrs
+        return relax.op.nn.conv1d(joined, weight, strides=1, padding=[0, halo], dilation=1, groups=int(attrs.groups),
+                                  data_layout="NCW", kernel_layout=str(attrs.kernel_layout),
+                                  out_layout=str(attrs.out_layout), out_dtype=str(attrs.out_dtype) or dtype)
+
+    def _refuse_mixing(self, binding, value):
+        """Refuse an op that reads across the prompt's positions (its input has the symbolic
+        length on an axis it reduces or contracts), naming it."""
+        name = op_name(value)
+        if name not in MIXING or not _has_length(value, self.length):
+            return
+        if name == "relax.matmul" and not _contracts_length(value, self.length):
+            return
+        if name == "relax.nn.softmax" and not _on_length_axis(value, self.length):
+            return
+        raise SplitRefused(f"{binding.var.name_hint} = {name}(...): reads across the prompt's positions, which a "
+                           "split prefill does not carry (only fused scans and causal depthwise convs are split)")
+
+
+def _dims(expr):
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    return list(getattr(shape, "values", None) or [])
+
+
+def _mentions(dim, var):
+    found = []
+    tvm_ffi.structural_walk(dim, lambda n: found.append(n) if n.same_as(var) else None)
+    return bool(found)
+
+
+def _has_length(call, var):
+    return any(_mentions(d, var) for arg in call.args if isinstance(arg, relax.Expr) for d in _dims(arg))
+
+
+def _contracts_length(call, var):
+    a, b = (_dims(x) for x in call.args[:2])
+    return bool(a) and (_mentions(a[-1], var) or (len(b) >= 2 and _mentions(b[-2], var)))
+
+
+def _on_length_axis(call, var):
+    dims = _dims(call.args[0])
+    return bool(dims) and _mentions(dims[int(call.attrs.axis)], var)
+
+
+def add_split_prefill(mod, world_size):
+    """``mod`` (``prefill`` and ``decode`` as imported) with its scans fused and
+    ``prefill_split``, the prefill as one rank's part (``split_prefill``), added."""
+    from ..fuse import FuseAffineRecurrences  # pylint: disable=import-outside-toplevel
+
+    mod = FuseAffineRecurrences()(mod)
+    prefill = mod["prefill"]
+    length = prefill.params[0].ty.shape.values[1]
+    mod["prefill_split"] = split_prefill(prefill, world_size, length).with_attr("global_symbol", "prefill_split")
+    return mod

@@ -1,0 +1,67 @@
+"""Whole models prefilled across ranks (``compile_causal_lm(..., ranks=N)``): each rank's part
+of the prompt through ``prefill_split`` (its scans and causal convs split, one all-gather each
+a layer), the last rank decoding.  Tokens equal to the model generating in one process; a
+model the split does not carry is refused at compile time, never served wrong."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import scanweaver_tvm as sw
+from relax_pass.split.sequence import SplitRefused
+from test_causal_lm import tiny_mamba
+from test_causal_lm_hybrids import FAMILIES
+
+
+def tiny_mamba2(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.Mamba2Config(vocab_size=96, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2,
+                                    head_dim=16, num_heads=8, n_groups=1, conv_kernel=4, chunk_size=8)
+    return transformers.Mamba2ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("family, ranks", [("mamba", 2), ("mamba2", 3)])
+def test_a_checkpoint_prefilled_over_ranks_generates_one_processs_tokens(tmp_path, family, ranks):
+    """The documented command over gloo ranks (one thread each) on a 50-token prompt (Mamba-2's
+    parts of 17, 17 and 16 cut its chunked scan's chunks of 8), 8 new tokens, against the same
+    model in one process; a deadlock fails at the timeout."""
+    (tiny_mamba() if family == "mamba" else tiny_mamba2()).save_pretrained(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           "-m", "scanweaver_tvm.sequence_parallel.generate", str(tmp_path), "--length", "50", "--new", "8"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, check=False)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the ranks did not finish in {err.timeout} s (a deadlock?)")
+    tail = (done.stdout + done.stderr)[-3000:]
+    want = f"over {ranks} ranks, 8 tokens generated on rank {ranks - 1}: equal to one process"
+    assert done.returncode == 0 and want in done.stdout, tail
+
+
+def test_a_token_shift_is_refused_at_compile_time():
+    """RWKV reads the previous position (its token shift) outside any scan or conv: the split
+    prefill would differ at each part's first token, so the probe at compile time refuses it."""
+    torch.manual_seed(0)
+    cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                  intermediate_size=64, context_length=64)
+    lm = sw.compile_causal_lm(transformers.RwkvForCausalLM(cfg).eval(), ranks=2)
+    with pytest.raises(SplitRefused, match="reads across positions"):
+        lm.module()
+
+
+def test_attention_layers_are_refused_up_front():
+    model = FAMILIES["qwen3_next"][0]()
+    with pytest.raises(NotImplementedError, match="attention layers"):
+        sw.compile_causal_lm(model, ranks=2)
+
+
+def test_prefill_part_checks_its_arguments():
+    lm = sw.compile_causal_lm(tiny_mamba(), ranks=2)
+    with pytest.raises(ValueError, match="rank: 2 is not in"):
+        lm.prefill_part(np.zeros((1, 8), dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="needs at least 4"):
+        lm.prefill_part(np.zeros((1, 3), dtype=np.int64), 0)
+    with pytest.raises(ValueError, match="compile with ranks"):
+        sw.compile_causal_lm(tiny_mamba()).prefill_part(np.zeros((1, 8), dtype=np.int64), 0)
