@@ -92,16 +92,40 @@ def all_to_all_seconds(batch, length, width, ranks, link, itemsize=2, exchanges=
     return exchanges * ((ranks - 1) * link.latency + per_rank / link.bandwidth)
 
 
-def projection(spec, ranks, width, length):
-    """``[(link, ours, ring, all-to-all)]`` seconds per layer of ``spec``'s exchange at
-    ``ranks`` ranks, the all-to-all moving ``width`` channels of a ``length``-token prompt."""
-    payload = summary_bytes(spec)
-    rows = []
-    for link in LINKS:
-        rows.append((link.name, allgather_seconds(payload, ranks, link), ring_pass_seconds(payload, ranks, link),
-                     all_to_all_seconds(spec_batch(spec), length, width, ranks, link)))
-    return rows
-
-
-def spec_batch(spec):
+def batch_of(spec):
     return spec.shape[0] if isinstance(spec, AffineScanSpec) else spec.batch
+
+
+def _layers(length):
+    """Real layers' scans at ``length`` tokens, batch 1, and the channels Megatron's all-to-all
+    moves for each (the mixer's input width, bf16)."""
+    return [
+        ("Gated DeltaNet, H = 16, K = V = 128 (the issue's example)",
+         DeltaScanSpec(1, 16, length, 128, 128, decay="head"), 16 * 128),
+        ("Mamba-2 2.7B: 80 heads x 64, N = 128", MatrixScanSpec.create(1, 80, length, 128, 64, decay="scalar"), 5120),
+        ("Mamba 2.8B: D = 5120, N = 16", SelectiveScanSpec(1, 5120, length, 16), 5120),
+    ]
+
+
+def projection_table(length=131072, ranks=(8, 32)):
+    """A markdown table: each layer's bytes a rank and exchange time per layer on each link."""
+    rows = ["| layer | ranks | link | ours: one all-gather | LASP-1: state rank to rank | "
+            "Megatron: 2 all-to-alls of activations |",
+            "|---|---|---|---|---|---|"]
+    for name, spec, width in _layers(length):
+        payload = summary_bytes(spec)
+        for count in ranks:
+            for link in LINKS:
+                moved = 2 * batch_of(spec) * length / count * width * 2 * (count - 1) / count
+                rows.append(f"| {name} | {count} | {link.name} | {payload / 2**20:.2f} MiB, "
+                            f"{allgather_seconds(payload, count, link) * 1e6:.0f} us | "
+                            f"{ring_pass_seconds(payload, count, link) * 1e6:.0f} us + the parts' compute in "
+                            f"series | {moved / 2**20:.0f} MiB, "
+                            f"{all_to_all_seconds(batch_of(spec), length, width, count, link) * 1e6:.0f} us |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(f"Per layer, batch 1, a {131072}-token prompt (``python -m scanweaver_tvm.sequence_parallel.cost``; "
+          "computed from the cost model, not measured).\n")
+    print(projection_table())
