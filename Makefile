@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=60 tests
 
 demo: setup
 	$(PY) -m scanweaver_tvm.demo

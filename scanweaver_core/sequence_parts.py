@@ -118,3 +118,11 @@ def split_operands(spec, operands, parts):
         out.append({n: x[(slice(None),) * axes[n] + (slice(start, stop),)] if n in axes else x
                     for n, x in operands.items()})
     return out
+
+
+def output_time_axis(spec, name):
+    """The time axis of output ``name`` (per step), or None for a last state."""
+    if isinstance(spec, StabilizedScanSpec):
+        return spec.time_axis if name == "out" else None
+    source = {"states": "b", "out": "u", "o": "v", "h": "v"}.get(name)
+    return None if source is None else time_axes(spec)[source]

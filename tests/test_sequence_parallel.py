@@ -13,6 +13,7 @@ import tvm
 from scanweaver_core import reference
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
+from scanweaver_core.sequence_parts import output_time_axis
 from scanweaver_tvm import sequence_parallel as sp
 from tests.harness import TOL
 from scanweaver_tvm.sequence_parallel import cost
@@ -140,20 +141,12 @@ def run_serially(vm, spec, operands, ranks, finish="finish"):
     return outs
 
 
-def per_step_axis(spec, name):
-    """The time axis of output ``name``, or None for a last state."""
-    if isinstance(spec, StabilizedScanSpec):
-        return spec.time_axis if name == "out" else None
-    source = {"states": "b", "out": "u", "o": "v", "h": "v"}.get(name)
-    return None if source is None else sp.time_axes(spec)[source]
-
-
 def assert_matches_whole(spec, outs, want, rtol=1e-5):
     """Each rank's per-step output is its slice of the whole; each holds the whole's last
     state; both within ``rtol`` of the output's scale."""
     assert set(outs[0]) == set(sp.view(spec).outputs)
     for name in outs[0]:
-        axis = per_step_axis(spec, name)
+        axis = output_time_axis(spec, name)
         if axis is not None:
             got = np.concatenate([o[name] for o in outs], axis=axis)
         else:

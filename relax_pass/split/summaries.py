@@ -1,6 +1,6 @@
-"""What a part of a scan tells the other ranks, per form, in Relax: its transition and its state
-from the empty one (``Summary``), and how a state passes through a part so summarized
-(``combine``).
+"""What a part of a scan tells the other ranks, per form, in Relax: its transition
+(``transition``) and its state from the empty one (``summary_state``), and how a state passes
+through a part so summarized (``combine``).
 
 A part of a linear recurrence ``h -> M h + s`` is the pair (M, s): ``s`` its last state from
 zero, ``M`` its response to the identity state with no input.  Both come from the compiled
@@ -91,18 +91,17 @@ def transition(bb, spec, given):
         return []
     (h0, last, shape, dtype), = state_parts(spec)
     if isinstance(spec, DeltaScanSpec):      # the identity through the part, values zero
-        run = with_state(dataclasses.replace(spec, value=spec.key), True, True)
-        zero = "v"
-        eye = relax.const(np.broadcast_to(np.eye(spec.key, dtype=np.float32), shape[:2] + (spec.key,) * 2).copy())
-        start = bb.emit(eye)
+        run = with_state(dataclasses.replace(spec, value=spec.key), True, True)   # (a K x K state)
+        zero, zero_shape = "v", _shape_of(given["v"])[:3] + [spec.key]
+        eye = np.broadcast_to(np.eye(spec.key, dtype=np.float32), tuple(shape[:2]) + (spec.key,) * 2)
+        start = bb.emit(relax.const(eye.copy()))
     else:                                    # ones through the part, input zero
         run = with_state(spec, True, True)
         zero = {AffineScanSpec: "b", SelectiveScanSpec: "u", MatrixScanSpec: "k"}[type(spec)]
+        zero_shape = _shape_of(given[zero])
         start = _full(bb, shape, 1.0, dtype)
-    ops = view(run).operands
-    got = run_scan(bb, run, {**given, zero: _full(bb, _shape_of(given[zero]) if zero != "v" else
-                                                  [*_shape_of(given["v"])[:3], spec.key], 0.0, ops[zero][1]),
-                             h0: start})
+    nothing = _full(bb, zero_shape, 0.0, view(run).operands[zero][1])
+    got = run_scan(bb, run, {**given, zero: nothing, h0: start})
     return [bb.emit(relax.op.astype(got[last], F32))]
 
 

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 
 from relax_pass.split.summaries import run_scan
-from scanweaver_core.sequence_parts import time_axes, view
+from scanweaver_core.sequence_parts import output_time_axis, view
 from scanweaver_core.targets import physical_cores
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
@@ -102,10 +102,9 @@ def compare(spec, parts, whole, rtol=1e-5):
     """Problems (strings) between every rank's outputs ``parts`` and the ``whole`` run: the
     per-step outputs concatenated along time, the last state on every rank."""
 
-    axes = time_axes(spec)
     problems = []
     for name, want in whole.items():
-        axis = _output_axis(spec, name, axes)
+        axis = output_time_axis(spec, name)
         got = [np.concatenate([p[name] for p in parts], axis=axis)] if axis is not None else [p[name] for p in parts]
         scale = max(float(np.abs(want).max()), 1.0)
         for g in got:
@@ -113,13 +112,6 @@ def compare(spec, parts, whole, rtol=1e-5):
             if not err <= rtol:
                 problems.append(f"{name}: {err:.2e} of its scale (limit {rtol:g})")
     return problems
-
-
-def _output_axis(spec, name, axes):
-    if isinstance(spec, StabilizedScanSpec):
-        return spec.time_axis if name == "out" else None
-    source = {"states": "b", "out": "u", "o": "v", "h": "v"}.get(name)
-    return None if source is None else axes[source]
 
 
 def main(argv=None):
