@@ -102,7 +102,24 @@ def transition(bb, spec, given):
         start = _full(bb, shape, 1.0, dtype)
     nothing = _full(bb, zero_shape, 0.0, view(run).operands[zero][1])
     got = run_scan(bb, run, {**given, zero: nothing, h0: start})
-    return [bb.emit(relax.op.astype(got[last], F32))]
+    moved = relax.op.astype(got[last], F32)
+    constant = constant_axes(spec)
+    if constant:                             # (one entry where the decay does not vary)
+        moved = relax.op.strided_slice(moved, axes=constant, begin=[0] * len(constant), end=[1] * len(constant))
+    return [bb.emit(moved)]
+
+
+def constant_axes(spec):
+    """The state's axes along which an elementwise transition cannot vary, so that one entry
+    of each is sent: an affine scan's where ``a`` broadcasts, a matrix scan's value axis under a
+    per-key decay, its key axis under a per-value decay, both under a scalar one."""
+    if isinstance(spec, AffineScanSpec):
+        a_state = spec.a_shape[:spec.axis] + spec.a_shape[spec.axis + 1:]
+        return [i for i, (n, full) in enumerate(zip(a_state, spec.state_shape)) if n == 1 and full != 1]
+    if not isinstance(spec, MatrixScanSpec):
+        return []
+    key, value = (3, 2) if spec.layout == "channel_major" else (2, 3)
+    return {"scalar": [2, 3], "key": [value], "value": [key]}.get(spec.decay, [])
 
 
 def transition_shapes(spec):
@@ -116,7 +133,8 @@ def transition_shapes(spec):
     shape = state_parts(spec)[0][2]
     if isinstance(spec, DeltaScanSpec):
         return [tuple(shape[:2]) + (spec.key, spec.key)]
-    return [shape]
+    constant = constant_axes(spec)
+    return [tuple(1 if i in constant else n for i, n in enumerate(shape))]
 
 
 def combine(bb, spec, state, moved, summary):

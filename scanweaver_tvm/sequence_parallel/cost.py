@@ -14,21 +14,25 @@ F32 = 4
 def summary_entries(spec):
     """``(transition, state)``: float32 entries of a part's summary, independent of its length.
 
-    - affine, ``h = a h + b``: a transition and a state per lane;
+    - affine, ``h = a h + b``: a state per lane, a transition per lane ``a`` varies over;
     - selective (Mamba-1): ``B * D * N`` each (the transition ``exp(A * sum dt)`` per entry);
-    - matrix: ``B * H * K * V`` each (a decay of none: no transition);
+    - matrix: the state ``B * H * K * V``; the transition one per (B, H) under a scalar decay
+      (Mamba-2), K or V under a per-key or per-value one, K * V under Mamba-1's selective one,
+      none without a decay;
     - stabilized (RWKV's WKV): ``num`` (with values), ``den``, ``max`` per (B, C), and the
       summed log decay unless there is none;
     - mLSTM: ``C`` (K x V), ``n`` (K, normalized), ``m`` per (B, H), and the summed log forget;
     - delta rules and DPLR: a K x K transition and the K x V state per (B, H)."""
     if isinstance(spec, AffineScanSpec):
-        return spec.lanes, spec.lanes
+        varies = spec.a_shape[:spec.axis] + spec.a_shape[spec.axis + 1:]
+        return _product(varies), spec.lanes
     if isinstance(spec, SelectiveScanSpec):
         n = spec.batch * spec.dim * spec.dstate
         return n, n
     if isinstance(spec, MatrixScanSpec):
-        n = spec.batch * spec.heads * spec.key * spec.value
-        return (0 if spec.decay == "none" else n), n
+        heads = spec.batch * spec.heads
+        per_head = {"none": 0, "scalar": 1, "key": spec.key, "value": spec.value, "selective": spec.key * spec.value}
+        return heads * per_head[spec.decay], heads * spec.key * spec.value
     if isinstance(spec, StabilizedScanSpec):
         lanes = spec.batch * spec.channels
         return (0 if spec.decay == "none" else lanes), lanes * ((1 if spec.has_values else 0) + 2)
@@ -39,6 +43,13 @@ def summary_entries(spec):
         heads = spec.batch * spec.heads
         return heads * spec.key * spec.key, heads * spec.key * spec.value
     raise TypeError(f"not a scan spec: {type(spec).__name__}")
+
+
+def _product(extents):
+    n = 1
+    for d in extents:
+        n *= d
+    return n
 
 
 def summary_bytes(spec):
