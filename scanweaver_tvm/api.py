@@ -57,10 +57,47 @@ def from_torch(model, example_args, example_kwargs=None, dynamic_shapes=None, tr
             torch.backends.opt_einsum.flags(enabled=False):   # (einsums exported as written)
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notices
         traced = _with_constants(model, kwargs) if kwargs or hasattr(model, "config") else model
-        exported = torch.export.export(traced, tuple(example_args))
-        mod = from_exported_program(exported, keep_params_as_input=False,
-                                    custom_convert_map=torch_frontend.custom_convert_map())
+        try:
+            exported = torch.export.export(traced, tuple(example_args))
+        except Exception as err:  # pylint: disable=broad-except (torch raises many kinds)
+            raise ImportRefused(f"{type(model).__name__}: torch.export cannot trace its forward "
+                                f"({type(err).__name__}: {_first_line(err)}){_model_line(err)}. That is a "
+                                "limit of torch.export on this code (control flow or shapes that depend on "
+                                "values, say), before ScanWeaver sees it") from err
+        try:
+            mod = from_exported_program(exported, keep_params_as_input=False,
+                                        custom_convert_map=torch_frontend.custom_convert_map())
+        except AssertionError as err:
+            if "Unsupported function types" not in str(err):
+                raise
+            raise ImportRefused(f"{type(model).__name__}: TVM 0.27's PyTorch frontend has no converter for "
+                                f"{str(err).split('types', 1)[1].strip()} (torch ops in its exported graph)") from err
     return torch_repairs.repair(mod)
+
+
+class ImportRefused(ValueError):
+    """A model ``from_torch`` cannot import, with the reason and, where known, the model's line."""
+
+
+def _first_line(err):
+    return (str(err).strip().splitlines() or [""])[0]
+
+
+def _model_line(err):
+    """`` at FILE:LINE `code` ``: the last frame of ``err``'s traceback outside torch and this
+    package (the model's own code), or ``""``."""
+    import os
+    import traceback
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = tuple(os.path.join(root, p) + os.sep for p in ("scanweaver_tvm", "scanweaver_core", "relax_pass"))
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith(ours)
+              and "<" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno} `{(f.line or '').strip()}`"
 
 
 @contextlib.contextmanager

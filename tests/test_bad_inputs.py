@@ -302,3 +302,32 @@ def test_missing_mlir_opt(monkeypatch, tmp_path, capsys):
     code, _, err = run_cli(capsys, "compile", path, "--realization", "mlir", "-o", out)
     assert_one_line_error(code, err, "mlir-opt")
     assert not out.exists()
+
+
+class _ValueDependentLength(torch.nn.Module):
+    def forward(self, x):
+        n = int((x > 0).sum())            # a length read from values: torch.export cannot trace it
+        return x[:, :n].sum(1) if n > 2 else x
+
+
+class _NonzeroIndices(torch.nn.Module):
+    def forward(self, x):
+        return x.new_zeros(torch.nonzero(x > 0).shape[0]) + 1
+
+
+def test_a_model_torch_export_cannot_trace_is_named_at_its_line():
+    """torch.export's own failure (a data-dependent guard, as some hub models' routers raise)
+    reaches the user as ``ImportRefused`` naming the model, torch's reason and the model's line."""
+    from scanweaver_tvm.api import ImportRefused
+
+    with pytest.raises(ImportRefused, match=r"_ValueDependentLength: torch.export cannot trace its forward "
+                                            r"\(GuardOnDataDependentSymNode.*test_bad_inputs.py:\d+ `n = int"):
+        sw.from_torch(_ValueDependentLength(), (torch.randn(2, 8),))
+
+
+def test_an_op_tvms_frontend_cannot_convert_is_named():
+    from scanweaver_tvm.api import ImportRefused
+
+    with pytest.raises(ImportRefused, match=r"_NonzeroIndices: TVM 0.27's PyTorch frontend has no converter for "
+                                            r"\['nonzero.default'\]"):
+        sw.from_torch(_NonzeroIndices(), (torch.randn(2, 8),))
