@@ -13,6 +13,7 @@ import tvm
 from scanweaver_core import reference
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
+from scanweaver_core import sequence_parts as sp_parts
 from scanweaver_core.sequence_parts import output_time_axis
 from scanweaver_tvm import sequence_parallel as sp
 from tests.harness import TOL
@@ -178,3 +179,13 @@ def test_the_summary_is_the_cost_models_size(case):
     """What a rank packs for the all-gather is ``cost.summary_bytes`` (written apart from it)."""
     spec, _ = CASES[case]
     assert 4 * sp.layout(spec).elements == cost.summary_bytes(spec)
+
+
+@pytest.mark.parametrize("case", ["matrix_key_gla", "delta_kda_h0", "mlstm_h0_reverse", "stabilized_rwkv4"])
+def test_parts_of_one_step(case):
+    """As many ranks as steps (L = 5 over 5 ranks): every part is one step."""
+    spec, make = CASES[case]
+    spec = sp_parts.with_length(spec, 5)
+    operands = {n: v for n, v in make(spec, np.random.default_rng(5)).items() if n in sp.view(spec).operands}
+    vm = compile_for_rank_counts(spec, (5,))
+    assert_matches_whole(spec, run_serially(vm, spec, operands, 5, "finish_5"), oracle(spec, operands))
