@@ -47,7 +47,7 @@ def test_a_token_shift_is_refused_at_compile_time():
     cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                                   intermediate_size=64, context_length=64)
     lm = sw.compile_causal_lm(transformers.RwkvForCausalLM(cfg).eval(), ranks=2)
-    with pytest.raises(SplitRefused, match="reads across positions"):
+    with pytest.raises(SplitRefused, match="reads across"):
         lm.module()
 
 
@@ -69,3 +69,20 @@ def test_a_mamba_split_is_validated_and_checks_its_arguments():
         lm.prefill_part(np.zeros((1, 3), dtype=np.int64), 0)
     with pytest.raises(ValueError, match="compile with ranks"):
         sw.compile_causal_lm(tiny_mamba()).prefill_part(np.zeros((1, 8), dtype=np.int64), 0)
+
+
+def test_an_op_mixing_positions_is_refused_by_name():
+    """A cumulative sum over the prompt left unfused: ``split_prefill`` names it."""
+    from tvm import relax, tirx
+
+    from relax_pass.split.sequence import split_prefill
+
+    length = tirx.Var("L", "int64")
+    x = relax.Var("x", relax.TensorType([1, length, 4], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("prefill", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.cumsum(x, axis=1))
+        bb.emit_func_output(out)
+    with pytest.raises(SplitRefused, match=r"= relax.cumsum\(...\): reads across the prompt's positions"):
+        split_prefill(bb.get()["prefill"], 2, length)

@@ -35,10 +35,14 @@ class SplitRefused(ValueError):
 def split_prefill(func, world_size, length_var):
     """``func`` (a prefill whose scans are fused; its prompt length the symbolic ``length_var``)
     as one rank's part among ``world_size`` ranks, with a ``rank`` parameter appended."""
-    func = relax.utils.copy_with_new_vars(func)       # (the whole prefill stays in the module)
+    copy = relax.utils.copy_with_new_vars(func)       # (the whole prefill stays in the module)
+    length_var = _same_dim(func, copy, length_var)
+    func = copy
     rank = relax.Var("rank", relax.TensorType([], "int64"))
     splitter = _Splitter(world_size, rank, length_var)
     body = splitter.visit_expr(func.body)
+    if splitter.refused:           # (raised here: an exception inside the visitor crosses TVM's FFI)
+        raise SplitRefused(splitter.refused[0])
     return relax.Function(list(func.params) + [rank], body, func.ret_ty, func.is_pure, func.attrs)
 
 
@@ -47,6 +51,7 @@ class _Splitter(PyExprMutator):
     def __init__(self, world_size, rank, length_var):
         super().__init__()
         self.world_size, self.rank, self.length = world_size, rank, length_var
+        self.refused = []
 
     def visit_var_binding_(self, binding):
         value = self.visit_expr(binding.value)
@@ -98,8 +103,8 @@ class _Splitter(PyExprMutator):
                                   out_layout=str(attrs.out_layout), out_dtype=str(attrs.out_dtype) or dtype)
 
     def _refuse_mixing(self, binding, value):
-        """Refuse an op that reads across the prompt's positions (its input has the symbolic
-        length on an axis it reduces or contracts), naming it."""
+        """Note an op that reads across the prompt's positions (its input has the symbolic
+        length on an axis it reduces or contracts), naming it: ``split_prefill`` refuses."""
         name = op_name(value)
         if name not in MIXING or not _has_length(value, self.length):
             return
@@ -107,8 +112,18 @@ class _Splitter(PyExprMutator):
             return
         if name == "relax.nn.softmax" and not _on_length_axis(value, self.length):
             return
-        raise SplitRefused(f"{binding.var.name_hint} = {name}(...): reads across the prompt's positions, which a "
-                           "split prefill does not carry (only fused scans and causal depthwise convs are split)")
+        self.refused.append(f"{binding.var.name} = {name}(...): reads across the prompt's positions, which a "
+                            "split prefill does not carry (only fused scans and causal depthwise convs are split)")
+
+
+def _same_dim(func, copy, var):
+    """The symbolic var of ``copy``'s parameters where ``func``'s have ``var`` (copying a
+    function gives it fresh shape vars)."""
+    for old, new in zip(func.params, copy.params):
+        for d, e in zip(_dims(old), _dims(new)):
+            if d.same_as(var):
+                return e
+    return var
 
 
 def _dims(expr):
