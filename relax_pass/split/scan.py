@@ -12,13 +12,12 @@ the summaries, each ``finish``es its part.
 ``emit_split_scan`` emits the three in place of one scan call (``SplitSequence`` does so in a
 model); ``build`` makes them a module of one rank's part, its length symbolic, so that one
 module serves every rank.  TVM does all the compute; the extern only moves bytes."""
+import math
 from dataclasses import dataclass
 
 from tvm import relax, tirx
 
 from scanweaver_core.sequence_parts import PART_LENGTH, view, with_length, with_state
-from scanweaver_core.spec import AffineScanSpec
-
 from . import summaries
 
 ALLGATHER = "scanweaver.ccl.allgather"
@@ -33,20 +32,9 @@ class Layout:
     state: list           # shapes of the state's pieces
 
     @property
-    def sizes(self):
-        return [_size(s) for s in self.transition + self.state]
-
-    @property
     def elements(self):
         """The summary's length: what each rank contributes to the all-gather."""
-        return sum(self.sizes)
-
-
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+        return sum(math.prod(s) for s in self.transition + self.state)
 
 
 def layout(spec):
@@ -134,7 +122,7 @@ def _inputs(part, length):
 
 
 def _pack(pieces):
-    flat = [relax.op.reshape(relax.op.astype(x, F32), [_size(_static(x))]) for x in pieces]
+    flat = [relax.op.reshape(relax.op.astype(x, F32), [math.prod(_static(x))]) for x in pieces]
     return flat[0] if len(flat) == 1 else relax.op.concat(flat, axis=0)
 
 
@@ -146,7 +134,7 @@ def _unpack(bb, vector, shapes, start=0):
     """The pieces of ``shapes`` from the float32 ``vector``, from element ``start``."""
     out = []
     for shape in shapes:
-        n = _size(shape)
+        n = math.prod(shape)
         piece = relax.op.strided_slice(vector, axes=[0], begin=[start], end=[start + n])
         out.append(bb.emit(relax.op.reshape(piece, list(shape))))
         start += n
@@ -182,14 +170,8 @@ def finish(bb, part, seq, given_h0, gathered, rank, world_size):
     wanted = view(part).outputs
     lasts = {last: (x, dtype) for (_, last, _, dtype), x in zip(states, final)}
     if any(n not in lasts for n in wanted):
-        run = _finish_spec(part)
+        run = with_state(part, True, False)      # (from the given state, per-step outputs only)
         h0 = {name: bb.emit(relax.op.astype(x, dtype)) for (name, _, _, dtype), x in zip(states, start)}
         outputs = summaries.run_scan(bb, run, {**seq, **h0})
     return {n: outputs[n] if n not in lasts else bb.emit(relax.op.astype(*lasts[n])) for n in wanted}
 
-
-def _finish_spec(part):
-    """The part's scan from a given state, its per-step output only."""
-    if isinstance(part, AffineScanSpec):
-        return AffineScanSpec(part.shape, part.a_shape, part.axis, part.reverse, True, part.dtype, ("states",))
-    return with_state(part, True, False)

@@ -21,7 +21,7 @@ from scanweaver_core.scan_op import make_scan
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
                                   StabilizedScanSpec)
 
-from scanweaver_core.sequence_parts import time_axes, view, with_state
+from scanweaver_core.sequence_parts import view, with_state
 
 F32 = "float32"
 
@@ -78,7 +78,7 @@ def transition(bb, spec, given):
     if isinstance(spec, StabilizedScanSpec):
         if spec.decay == "none":
             return []
-        axis = time_axes(spec)["k"]
+        axis = spec.time_axis
         w = relax.op.astype(given["w"], F32)
         if spec.decay == "channel":       # w (C,) each step: broadcast over k's steps
             ones = relax.op.ones_like(relax.op.astype(given["k"], F32))

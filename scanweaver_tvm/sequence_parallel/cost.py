@@ -3,6 +3,7 @@ fold computes, and how long the exchange takes on a given link, next to the two 
 splitting a sequence (Megatron-LM's all-to-all of activations; LASP-1's state passed rank to
 rank).  ``summary_bytes`` is written from the specs' definitions, apart from the module that
 packs the summaries, and a test holds the two equal."""
+import math
 from dataclasses import dataclass
 
 from scanweaver_core.spec import (AffineScanSpec, DeltaScanSpec, MatrixScanSpec, MLSTMScanSpec, SelectiveScanSpec,
@@ -25,7 +26,7 @@ def summary_entries(spec):
     - delta rules and DPLR: a K x K transition and the K x V state per (B, H)."""
     if isinstance(spec, AffineScanSpec):
         varies = spec.a_shape[:spec.axis] + spec.a_shape[spec.axis + 1:]
-        return _product(varies), spec.lanes
+        return math.prod(varies), spec.lanes
     if isinstance(spec, SelectiveScanSpec):
         n = spec.batch * spec.dim * spec.dstate
         return n, n
@@ -43,13 +44,6 @@ def summary_entries(spec):
         heads = spec.batch * spec.heads
         return heads * spec.key * spec.key, heads * spec.key * spec.value
     raise TypeError(f"not a scan spec: {type(spec).__name__}")
-
-
-def _product(extents):
-    n = 1
-    for d in extents:
-        n *= d
-    return n
 
 
 def summary_bytes(spec):
@@ -91,8 +85,9 @@ def allgather_seconds(payload, ranks, link):
 
 def ring_pass_seconds(payload, ranks, link):
     """LASP-1's state passed rank to rank: ``ranks - 1`` dependent hops, each after the
-    previous rank's part has finished (so the parts' compute serializes too; not counted)."""
-    return (ranks - 1) * (link.latency + payload / link.bandwidth)
+    previous rank's part has finished (so the parts' compute serializes too; not counted): the
+    same messages as a ring all-gather."""
+    return allgather_seconds(payload, ranks, link)
 
 
 def all_to_all_seconds(batch, length, width, ranks, link, itemsize=2, exchanges=2):
