@@ -19,6 +19,7 @@ Tracing and compiling the two steps is ``causal_lm_steps.py``; this module serve
 """
 import contextlib
 import functools
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from relax_pass.quantize_weights import weight_format
 
+from . import causal_lm_split
 from .causal_lm_steps import _compile, _empty, _layout, torch_kernels
 from .state_layout import TensorTreeLayout, attributes_restored
 
@@ -70,10 +72,13 @@ class CompiledCausalLM:
             weight_format(weights)        # (an unknown format: a clear error now, not at the build)
         self.config = model.config
         self.layout = _layout(model, attention_cache)
-        if ranks and (getattr(self.layout, "paged", None) or self.layout.grows):
-            raise NotImplementedError(f"ranks: {type(model).__name__} has attention layers; a split prefill does not "
-                                      "yet exchange their keys and values (recurrent models only)")
-        self._built = {}                  # batch size -> (IRModule, VirtualMachine)
+        if ranks and self.layout.grows and not getattr(self.layout, "paged", None):
+            raise NotImplementedError(f"ranks: {type(model).__name__}'s attention caches are kept as tensors "
+                                      f"({self.layout.not_paged}); a split prefill exchanges keys and values "
+                                      "into the paged KV cache only")
+        self._built = {}                  # batch size -> (IRModule, VirtualMachine, executable)
+        self._threads = threading.local() # a VM of each thread but the first (a VM is not thread-safe)
+        self._building = threading.Lock()
         self.last_timings = None          # Timings of the last generate
 
     def module(self, batch=1):
@@ -81,12 +86,36 @@ class CompiledCausalLM:
         return self._build(batch)[0]
 
     def _build(self, batch):
-        if batch not in self._built:
-            first = self.shortest_prompt
-            sizes = self.prompt_sizes or (first + 1, first + 3, first + 5)
-            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights,
-                                          self.ranks)
+        if batch in self._built:          # (the split's check reads it from its threads, lock held)
+            return self._built[batch]
+        with self._building:              # (ranks run as threads build once)
+            if batch not in self._built:
+                self._compile_batch(batch)
         return self._built[batch]
+
+    def _compile_batch(self, batch):
+        """Compile batch ``batch``; with ranks, validate its split prefill (``causal_lm_split.check``)."""
+        first = self.shortest_prompt
+        sizes = self.prompt_sizes or (first + 1, first + 3, first + 5)
+        self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights,
+                                      self.ranks)
+        if self.ranks:
+            try:
+                causal_lm_split.check(self, batch)
+            except Exception:
+                del self._built[batch]
+                raise
+
+    def _vm(self, batch):
+        """The VM of batch ``batch`` for this thread (ranks run as threads each have one)."""
+        if threading.current_thread() is threading.main_thread():
+            return self._build(batch)[1]
+        own = self._threads.__dict__.setdefault("vms", {})
+        if batch not in own:
+            from tvm import relax, runtime
+
+            own[batch] = relax.VirtualMachine(self._build(batch)[2], runtime.cpu())
+        return own[batch]
 
     @property
     def shortest_prompt(self):
@@ -149,19 +178,21 @@ class CompiledCausalLM:
         if cache is None:
             out = vm["prefill"](tvm.runtime.tensor(ids))
             return out[0], list(out[1:])
+        positions = tvm.runtime.tensor(cache.positions(length, seqs))
         cache.begin(length, seqs)
-        out = vm["prefill"](tvm.runtime.tensor(ids), cache.handle)
+        out = vm["prefill"](tvm.runtime.tensor(ids), positions, cache.handle)
         cache.end(length, seqs)
         return out[0], [cache] + list(out[1:])
 
-    def prefill_part(self, input_ids, rank):
+    def prefill_part(self, input_ids, rank, max_length=None):
         """This rank's part of a prompt split across ``ranks`` ranks (consecutive parts, each
         at least ``shortest_prompt`` tokens, as ``scanweaver_core.sequence_parts.split`` cuts):
         ``(logits (B, vocab) of the part's last position, states)``.  Every rank calls it at
         once (one all-gather a layer, on torch.distributed's default group); the last rank's
-        logits and states are the whole prompt's, so decode runs there."""
-        import tvm
-
+        logits and states are the whole prompt's, so decode runs there.  With attention
+        layers, ``states[0]`` is there a paged KV cache holding the whole prompt, with room
+        for ``max_length`` tokens a sequence (default: the prompt and ``ROOM`` more); on the
+        other ranks None."""
         if not self.ranks:
             raise ValueError("prefill_part: compile with ranks=N (compile_causal_lm(..., ranks=N))")
         if not isinstance(rank, int) or not 0 <= rank < self.ranks:
@@ -170,9 +201,7 @@ class CompiledCausalLM:
         if ids.shape[1] < self.shortest_prompt:
             raise ValueError(f"input_ids: a part of {ids.shape[1]} tokens; each rank's part needs at least "
                              f"{self.shortest_prompt} (the conv window)")
-        vm = self._build(ids.shape[0])[1]
-        out = vm["prefill_split"](tvm.runtime.tensor(ids), tvm.runtime.tensor(np.array(rank, dtype=np.int64)))
-        return out[0], list(out[1:])
+        return causal_lm_split.run_part(self, self._vm(ids.shape[0]), ids, rank, max_length)
 
     def generate_split(self, input_ids, rank, max_new_tokens=20):
         """Greedy ``generate`` of a prompt prefilled across the ranks (every rank passes the
@@ -184,7 +213,7 @@ class CompiledCausalLM:
 
         ids = _as_ids(input_ids)
         start, stop = split(ids.shape[1], self.ranks)[rank]
-        logits, states = self.prefill_part(ids[:, start:stop], rank)
+        logits, states = self.prefill_part(ids[:, start:stop], rank, max_length=ids.shape[1] + max_new_tokens)
         if rank != self.ranks - 1:
             return None
         out = [ids]
@@ -244,7 +273,7 @@ class CompiledCausalLM:
     def _decode(self, ids, states, seqs=None):
         import tvm
 
-        vm = self._build(ids.shape[0])[1]
+        vm = self._vm(ids.shape[0])
         if not self.layout.paged:
             out = vm["decode"](tvm.runtime.tensor(ids), *states)
             return out[0], list(out[1:])
@@ -402,5 +431,6 @@ def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention
     longer: a copy per token).  ``weights``: a weight format (``"int8"``, ``"int4"``,
     ...) quantizes the dense layers' weights (``sw.compile``'s ``weights``); None keeps the model's.
     ``ranks``: also compile the prefill of one rank's part of a prompt split across ``ranks``
-    torch.distributed ranks (``prefill_part``, ``generate_split``; recurrent models)."""
+    torch.distributed ranks (``prefill_part``, ``generate_split``; recurrent models and hybrids
+    whose attention is in the paged cache)."""
     return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights, ranks)

@@ -21,17 +21,18 @@ attention) is served by ScanWeaver's CPU kernels only: the cache keeps every key
 mask by position.
 """
 import contextlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from relax_pass.split.attention import PLACEHOLDER
 from tir_schedules.paged_attention_cpu import replace_cache_kernels
 
 __all__ = ["ATTN_IMPLEMENTATION", "PLACEHOLDER", "PagedSpec", "registered", "bind_kv_cache",
            "add_create_function", "KVCache"]
 
 ATTN_IMPLEMENTATION = "scanweaver_paged"
-PLACEHOLDER = "scanweaver.paged_attention"
 PAGE_SIZE = 16
 
 
@@ -269,6 +270,36 @@ class KVCache:
         self._end(self.handle)
         self.lengths[self._seqs(seqs)] += tokens
 
+    def load_prompt(self, keys, values):
+        """Fill the cache's empty sequences with a prompt's keys and values, as a prefill of it
+        would: ``keys``/``values`` are lists, one (B, n, kv heads, d) array a cache layer (d up
+        to the head size: padded with zeros as ``bind_kv_cache`` pads).  Through TVM's
+        checkpoint import (one page group a layer, pages of ``PAGE_SIZE`` positions)."""
+        import tvm
+
+        get = tvm.get_global_func
+        metadata = get("vm.builtin.attention_kv_cache_get_checkpoint_metadata")
+        length = int(keys[0].shape[1])
+        pages = -(-length // PAGE_SIZE)
+        for seq in range(self.batch):
+            if self.lengths[seq]:
+                raise ValueError(f"load_prompt: sequence {seq} already holds {self.lengths[seq]} tokens")
+            meta = json.loads(metadata(self.handle, seq))
+            meta["seq_length"] = length
+            meta["logical_pages"] = [{"logical_page_index": i, "start_pos": i * PAGE_SIZE,
+                                      "length": min(PAGE_SIZE, length - i * PAGE_SIZE)} for i in range(pages)]
+            groups = []
+            for group in meta["groups"]:
+                layers = range(group["layer_begin"], group["layer_end"])
+                block = np.stack([_pages(keys[i][seq], values[i][seq], pages, group["shape"][-1]) for i in layers])
+                group.update(num_logical_pages=pages, shape=list(block.shape), nbytes=block.nbytes)
+                groups.append((group["group_index"], np.ascontiguousarray(block)))
+            get("vm.builtin.attention_kv_cache_prepare_import")(self.handle, seq, json.dumps(meta))
+            for index, block in groups:
+                get("vm.builtin.attention_kv_cache_import_page_group")(self.handle, seq, index, tvm.runtime.tensor(block))
+            get("vm.builtin.attention_kv_cache_finish_import")(self.handle, seq)
+            self.lengths[seq] = length
+
     def sequence_lengths(self):
         """The tokens the cache holds for each sequence (TVM's count)."""
         import tvm
@@ -279,3 +310,13 @@ class KVCache:
     def positions(self, tokens, seqs=None):
         """The positions of the next ``tokens`` tokens of ``seqs`` (default all), (len(seqs), tokens) int64."""
         return self.lengths[self._seqs(seqs), None] + np.arange(tokens, dtype=np.int64)
+
+
+def _pages(keys, values, pages, dim):
+    """One layer's page group: (pages, 2, kv heads, PAGE_SIZE, dim) from (n, kv heads, d) keys
+    and values (positions past n and columns past d zero)."""
+    n, heads = keys.shape[:2]
+    out = np.zeros((pages * PAGE_SIZE, 2, heads, dim), dtype=keys.dtype)
+    out[:n, 0, :, :keys.shape[2]] = keys
+    out[:n, 1, :, :values.shape[2]] = values
+    return out.reshape(pages, PAGE_SIZE, 2, heads, dim).transpose(0, 2, 3, 1, 4)

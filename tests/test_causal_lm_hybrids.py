@@ -11,6 +11,7 @@ import transformers
 import scanweaver_tvm as sw
 from scanweaver_tvm.causal_lm import torch_kernels
 from test_chunked_forms import FAMILIES as MAMBA2_HYBRIDS
+from test_sequence_parallel_models import check_generate_split
 
 T = transformers
 SMALL = dict(vocab_size=64, hidden_size=64, intermediate_size=64)
@@ -68,6 +69,11 @@ FAMILIES = {
 }
 
 
+# families whose build also prefills across ranks (sequence parallel: the whole-model target's
+# second hybrid, next to Bamba's torchrun test in test_sequence_parallel_models; one build)
+SPLIT = {"qwen3_next": 3}
+
+
 def _expected(model, ids, new):
     with torch.no_grad(), torch_kernels():
         return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
@@ -81,17 +87,20 @@ def _prompt(batch, length, seed):
 def test_hybrid_greedy_tokens_equal_transformers(family):
     """One executable per family: a prompt shorter than the conv window (decoded from zero
     states, the attention cache growing from empty) and one past Qwen3-Next's 64-token chunk,
-    both equal to transformers' tokens; the prompt's recurrences are scans."""
+    both equal to transformers' tokens; the prompt's recurrences are scans.  ``SPLIT``'s
+    families are also prefilled across ranks from the same build."""
     make, op, count = FAMILIES[family]
     torch.manual_seed(0)
     model = make().eval()
-    lm = sw.compile_causal_lm(model)
+    lm = sw.compile_causal_lm(model, ranks=SPLIT.get(family))
     assert lm.layout.paged and not any(s.grows for s in lm.layout.slots), (lm.layout.slots, lm.layout.not_paged)
     for length in (2, 70):
         ids = _prompt(1, length, length)
         assert torch.equal(lm.generate(ids, max_new_tokens=6), _expected(model, ids, 6)), (family, length)
     assert len(lm._built) == 1
     assert lm.module()["prefill"].script(show_meta=False).count(op) == count
+    if family in SPLIT:
+        check_generate_split(lm, model, SPLIT[family])
 
 
 def test_hybrid_batch_of_two_and_states():

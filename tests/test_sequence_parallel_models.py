@@ -12,23 +12,22 @@ import transformers
 
 import scanweaver_tvm as sw
 from relax_pass.split.sequence import SplitRefused
+from scanweaver_core.sequence_parts import split
+from scanweaver_tvm.causal_lm import torch_kernels
+from scanweaver_tvm.sequence_parallel.collective import in_threads
 from test_causal_lm import tiny_mamba
-from test_causal_lm_hybrids import FAMILIES
+from test_chunked_forms import FAMILIES as MAMBA2_HYBRIDS
 
 
-def tiny_mamba2(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.Mamba2Config(vocab_size=96, hidden_size=64, state_size=16, num_hidden_layers=2, expand=2,
-                                    head_dim=16, num_heads=8, n_groups=1, conv_kernel=4, chunk_size=8)
-    return transformers.Mamba2ForCausalLM(cfg).eval()
-
-
-def test_a_mamba2_checkpoint_prefilled_over_two_ranks_generates_one_processs_tokens(tmp_path):
-    """The documented command over two gloo ranks (one thread each) on a 51-token prompt (parts
-    of 26 and 25: they cut the chunked scan's chunks of 8), 8 new tokens, against the same
-    model in one process; a deadlock fails at the timeout."""
+def test_a_mamba2_hybrid_checkpoint_prefilled_over_two_ranks_generates_one_processs_tokens(tmp_path):
+    """The documented command over two gloo ranks (one thread each) on Bamba (Mamba-2 layers and
+    an attention layer: its keys and values all-gathered, the last rank's paged cache loaded
+    with the whole prompt's), a 51-token prompt (parts of 26 and 25: they cut the chunked
+    scan's chunks of 8), 8 new tokens, against the same model in one process; a deadlock
+    fails at the timeout."""
     ranks = 2
-    tiny_mamba2().save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    MAMBA2_HYBRIDS["bamba"][0]().save_pretrained(tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "-m", "scanweaver_tvm.sequence_parallel.generate", str(tmp_path), "--length", "51", "--new", "8"]
     try:
@@ -40,21 +39,26 @@ def test_a_mamba2_checkpoint_prefilled_over_two_ranks_generates_one_processs_tok
     assert done.returncode == 0 and want in done.stdout, tail
 
 
-def test_a_token_shift_is_refused_at_compile_time():
-    """RWKV reads the previous position (its token shift) outside any scan or conv: the split
-    prefill would differ at each part's first token, so the probe at compile time refuses it."""
-    torch.manual_seed(0)
-    cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
-                                  intermediate_size=64, context_length=64)
-    lm = sw.compile_causal_lm(transformers.RwkvForCausalLM(cfg).eval(), ranks=2)
-    with pytest.raises(SplitRefused, match="reads across"):
-        lm.module()
+def check_generate_split(lm, model, ranks, length=70):
+    """``lm`` (compiled with ``ranks``) over its ranks as threads of this process: the last
+    rank's logits are the whole prefill's, and its greedy tokens transformers'.  (Qwen3-Next's
+    build in ``test_causal_lm_hybrids`` serves this too: one build, not two.)"""
+    ids = torch.randint(3, 64, (1, length), generator=torch.Generator().manual_seed(3))
+    last = in_threads(ranks, lambda rank: lm.prefill_part(ids[:, slice(*split(length, ranks)[rank])], rank))[-1]
+    want = lm.prefill(ids.numpy())[0].numpy()
+    assert np.abs(last[0].numpy() - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0)
+    got = in_threads(ranks, lambda rank: lm.generate_split(ids, rank, max_new_tokens=6))[-1]
+    with torch.no_grad(), torch_kernels():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+    assert torch.equal(got, expected)
 
 
-def test_attention_layers_are_refused_up_front():
-    model = FAMILIES["qwen3_next"][0]()
-    with pytest.raises(NotImplementedError, match="attention layers"):
-        sw.compile_causal_lm(model, ranks=2)
+def test_attention_caches_kept_as_tensors_are_refused_up_front():
+    from test_causal_lm_hybrids import FAMILIES as HYBRIDS   # (it imports this module)
+
+    model = HYBRIDS["qwen3_next"][0]()
+    with pytest.raises(NotImplementedError, match="kept as tensors"):
+        sw.compile_causal_lm(model, attention_cache="tensors", ranks=2)
 
 
 def test_a_mamba_split_is_validated_and_checks_its_arguments():

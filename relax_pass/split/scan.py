@@ -61,9 +61,10 @@ def summarize(bb, part, seq):
 
 
 def allgather(bb, packed, world_size):
-    """Emit the one all-gather: every rank's ``packed`` vector, in rank order."""
-    size = int(packed.ty.shape.values[0])
-    return bb.emit(relax.call_dps_packed(ALLGATHER, [packed], relax.TensorType([world_size * size], "float32")))
+    """Emit one all-gather: every rank's ``packed`` vector (any dtype; its length may be
+    symbolic, equal on every rank), in rank order."""
+    size = packed.ty.shape.values[0]
+    return bb.emit(relax.call_dps_packed(ALLGATHER, [packed], relax.TensorType([world_size * size], packed.ty.dtype)))
 
 
 def emit_split_scan(bb, spec, given, rank, world_size):

@@ -9,18 +9,26 @@ plus one all-gather:
   Mamba-2's short conv): the ``W - 1`` inputs before the part come from the previous rank's
   last ones (zeros on rank 0), all-gathered, in place of the zero padding.
 
+- each attention layer of a hybrid (traced as the placeholder call of ``attention``): one
+  all-gather of the parts' keys and values, the part's queries over them, masked by position
+  (``attention.emit_split_attention``).  Its rotary embedding reads the part's positions, so
+  such a prefill is the one traced with ``position_ids``.
+
 Everything else in these models works per position.  A model with anything else that reads
-across positions (attention, a cumulative sum left unfused, a conv of another shape) is
-refused, naming the op: it would otherwise compute a different function.  The rank is a new
-last parameter, ``rank`` (a 0-d int64 tensor)."""
+across positions (a softmax or matmul over the prompt, a cumulative sum left unfused, a conv of
+another shape) is refused, naming the op: it would otherwise compute a different function.  The
+rank is a new parameter, ``rank`` (a 0-d int64 tensor); with attention, ``lengths`` (the parts'
+lengths, (P,) int64) and ``longest`` (a shape, the longest part) follow, and the gathered keys
+and values of each attention layer are returned after the states."""
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from scanweaver_core.exprs import op_name
 from scanweaver_core.scan_op import parse_scan
 from scanweaver_core.sequence_parts import view
 
+from .attention import Parts, emit_split_attention, placeholder_args
 from .scan import allgather, emit_split_scan
 
 # ops that read across positions and are not split here: a prefill holding one is refused
@@ -32,31 +40,61 @@ class SplitRefused(ValueError):
     """The prefill reads across positions in a way ``split_prefill`` does not carry."""
 
 
-def split_prefill(func, world_size, length_var):
+def split_prefill(func, world_size, length_var, positions_at=None):
     """``func`` (a prefill whose scans are fused; its prompt length the symbolic ``length_var``)
-    as one rank's part among ``world_size`` ranks, with a ``rank`` parameter appended."""
+    as one rank's part among ``world_size`` ranks, with a ``rank`` parameter appended.  A
+    prefill with attention layers needs the index of its ``position_ids`` parameter
+    (``positions_at``); ``lengths`` and ``longest`` are appended after ``rank``, the gathered
+    keys and values after its outputs."""
     copy = relax.utils.copy_with_new_vars(func)       # (the whole prefill stays in the module)
     length_var = _same_dim(func, copy, length_var)
     func = copy
     rank = relax.Var("rank", relax.TensorType([], "int64"))
-    splitter = _Splitter(world_size, rank, length_var)
+    extra, parts = [rank], None
+    if positions_at is not None:
+        longest = tirx.Var("M", "int64")
+        lengths = relax.Var("lengths", relax.TensorType([world_size], "int64"))
+        extra += [lengths, relax.Var("longest", relax.ShapeType([longest]))]
+        parts = Parts(world_size, lengths, longest, func.params[positions_at])
+    splitter = _Splitter(world_size, rank, length_var, parts)
     body = splitter.visit_expr(func.body)
     if splitter.refused:           # (raised here: an exception inside the visitor crosses TVM's FFI)
         raise SplitRefused(splitter.refused[0])
-    return relax.Function(list(func.params) + [rank], body, func.ret_ty, func.is_pure, func.attrs)
+    ret_ty = func.ret_ty
+    if splitter.gathered:
+        body = _returning_also(body, [x for _, kv in sorted(splitter.gathered.items()) for x in kv])
+        ret_ty = body.body.ty
+    return relax.Function(list(func.params) + extra, body, ret_ty, func.is_pure, func.attrs)
+
+
+def _returning_also(body, more):
+    """``body`` (a SeqExpr returning a tuple) returning its fields and then ``more``."""
+    ret = body.body
+    bindings, fields = [], []
+    for i, ty in enumerate(ret.ty.fields):
+        fields.append(relax.Var(f"output_{i}", ty))
+        bindings.append(relax.VarBinding(fields[-1], relax.TupleGetItem(ret, i)))
+    fields += more
+    out = relax.Var("outputs", relax.TupleType([f.ty for f in fields]))
+    bindings.append(relax.VarBinding(out, relax.Tuple(fields)))
+    return relax.SeqExpr(list(body.blocks) + [relax.BindingBlock(bindings)], out)
 
 
 @mutator
 class _Splitter(PyExprMutator):
-    def __init__(self, world_size, rank, length_var):
+    def __init__(self, world_size, rank, length_var, parts):
         super().__init__()
-        self.world_size, self.rank, self.length = world_size, rank, length_var
+        self.world_size, self.rank, self.length, self.parts = world_size, rank, length_var, parts
         self.refused = []
+        self.gathered = {}      # attention layer -> (keys, values), gathered
 
     def visit_var_binding_(self, binding):
         value = self.visit_expr(binding.value)
         scan = parse_scan(value)
-        if scan is not None:
+        attention = placeholder_args(value)
+        if attention is not None:
+            new = self._attention(binding, *attention)
+        elif scan is not None:
             new = self._scan(*scan)
         elif op_name(value) == "relax.nn.conv1d" and self._is_causal_conv(value):
             new = self._conv(value)
@@ -70,6 +108,15 @@ class _Splitter(PyExprMutator):
         got = emit_split_scan(self.builder_, spec, given, self.rank, self.world_size)
         outs = [got[n] for n in view(spec).outputs]
         return outs[0] if len(outs) == 1 else relax.Tuple(outs)
+
+    def _attention(self, binding, layer, scale, window, q, k, v):
+        if self.parts is None or window:
+            why = "a sliding window" if window else "no position_ids (trace the prefill with them)"
+            self.refused.append(f"{binding.var.name}: attention layer {layer} with {why} is not split")
+            return binding.value
+        out, keys, values = emit_split_attention(self.builder_, self.parts, scale, q, k, v)
+        self.gathered[layer] = (self.builder_.emit_output(keys), self.builder_.emit_output(values))
+        return out
 
     @staticmethod
     def _is_causal_conv(call):
@@ -151,13 +198,22 @@ def _on_length_axis(call, var):
     return bool(dims) and _mentions(dims[int(call.attrs.axis)], var)
 
 
+POSITIONED = "prefill_positioned"    # a prefill taking (input_ids, position_ids), attention unbound
+
+
 def add_split_prefill(mod, world_size):
     """``mod`` (``prefill`` and ``decode`` as imported) with its scans fused and
-    ``prefill_split``, the prefill as one rank's part (``split_prefill``), added."""
+    ``prefill_split``, the prefill as one rank's part (``split_prefill``), added.  A hybrid's
+    module also holds ``prefill_positioned`` (its attention calls still placeholders), which
+    becomes the split and is dropped."""
     from ..fuse import FuseAffineRecurrences  # pylint: disable=import-outside-toplevel
 
     mod = FuseAffineRecurrences()(mod)
-    prefill = mod["prefill"]
+    positioned = POSITIONED in [gv.name_hint for gv in mod.get_global_vars()]
+    prefill = mod[POSITIONED if positioned else "prefill"]
     length = prefill.params[0].ty.shape.values[1]
-    mod["prefill_split"] = split_prefill(prefill, world_size, length).with_attr("global_symbol", "prefill_split")
+    split = split_prefill(prefill, world_size, length, positions_at=1 if positioned else None)
+    mod["prefill_split"] = split.with_attr("global_symbol", "prefill_split")
+    if positioned:
+        del mod[POSITIONED]
     return mod

@@ -6,8 +6,8 @@ torch.distributed carries the bytes: gloo on CPUs, NCCL on GPUs, in whatever pro
 caller set up (``torch.distributed.init_process_group``); without one, a single rank's gather is
 a copy.  ``in_threads`` runs ranks as threads of this process instead (the check a split
 prefill gets at compile time).  TVM 0.27's Disco has no CPU collective (``init_ccl`` takes nccl / rccl only), which is
-why this is torch's.  ``TRAFFIC`` counts what this process contributed, for the cost model's
-check."""
+why this is torch's.  ``TRAFFIC`` counts what this process contributed (``in_threads``: each rank's own), for the
+cost model's check."""
 import threading
 from dataclasses import dataclass
 
@@ -33,11 +33,12 @@ TRAFFIC = Traffic()
 class _ThreadGroup:
     """Ranks as threads: each all-gather waits at a barrier for every rank's vector."""
 
-    def __init__(self, world, timeout_s):
-        self.world, self.vectors = world, [None] * world
+    def __init__(self, world, timeout_s, traffic):
+        self.world, self.vectors, self.traffic = world, [None] * world, traffic
         self.barrier = threading.Barrier(world, timeout=timeout_s)
 
     def allgather(self, rank, src, dst):
+        _count(self.traffic[rank], src)
         self.vectors[rank] = src.clone()
         self.barrier.wait()
         for r, x in enumerate(self.vectors):
@@ -48,11 +49,13 @@ class _ThreadGroup:
 _THREAD = threading.local()
 
 
-def in_threads(world, work, timeout_s=300):
+def in_threads(world, work, timeout_s=300, traffic=None):
     """``[work(rank) for rank in range(world)]``, the ranks run at once as threads whose
-    all-gathers meet in this process.  A rank's exception is raised here (the others' barrier
-    breaks: no hang)."""
-    group, results, errors = _ThreadGroup(world, timeout_s), [None] * world, []
+    all-gathers meet in this process; ``traffic``: a list of ``world`` ``Traffic`` counting
+    what each rank sent.  A rank's exception is raised here (the others' barrier breaks: no
+    hang)."""
+    traffic = traffic if traffic is not None else [Traffic() for _ in range(world)]
+    group, results, errors = _ThreadGroup(world, timeout_s, traffic), [None] * world, []
 
     def run(rank):
         _THREAD.group, _THREAD.rank = group, rank
@@ -74,6 +77,11 @@ def in_threads(world, work, timeout_s=300):
     return results
 
 
+def _count(traffic, src):
+    traffic.calls += 1
+    traffic.bytes_sent += src.numel() * src.element_size()
+
+
 def _allgather(send, recv):
     import torch  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
@@ -87,8 +95,7 @@ def _allgather(send, recv):
     if dst.shape[0] != world * src.shape[0]:
         raise ValueError(f"{ALLGATHER}: the module was built for {dst.shape[0] // src.shape[0]} ranks, "
                          f"the process group has {world}")
-    TRAFFIC.calls += 1
-    TRAFFIC.bytes_sent += src.numel() * src.element_size()
+    _count(TRAFFIC, src)
     if world == 1:
         dst.copy_(src)
         return

@@ -63,6 +63,14 @@ def fold_flops(spec, ranks):
     return ranks * per_entry * state
 
 
+def attention_bytes(batch, longest, kv_heads, key_dim, value_dim, itemsize=F32):
+    """Bytes one rank contributes to an attention layer's all-gather (``relax_pass.split.
+    attention``): its part's keys and values padded to the longest part's ``longest`` rows.
+    Unlike a scan's summary it grows with the prompt (``L / P`` rows); ring attention sends the
+    same blocks, one hop at a time.  The parts' lengths (8 bytes a rank) go once a prefill."""
+    return batch * longest * kv_heads * (key_dim + value_dim) * itemsize
+
+
 @dataclass(frozen=True)
 class Link:
     """An interconnect: bandwidth per direction (bytes/s) and latency per message (s)."""
@@ -131,7 +139,23 @@ def projection_table(length=131072, ranks=(8, 32)):
     return "\n".join(rows)
 
 
+def attention_table(length=131072, ranks=(8, 32)):
+    """A markdown table: a hybrid's attention layer (Qwen3-Next's: 2 key/value heads of 256,
+    bf16), bytes a rank and all-gather time per layer on each link."""
+    rows = ["| attention layer | ranks | link | ours: one all-gather of K and V | "
+            "ring attention: the same blocks, P - 1 hops |", "|---|---|---|---|---|"]
+    for count in ranks:
+        payload = attention_bytes(1, -(-length // count), 2, 256, 256, itemsize=2)
+        for link in LINKS:
+            rows.append(f"| Qwen3-Next: 2 kv heads x 256, bf16 | {count} | {link.name} | {payload / 2**20:.0f} MiB, "
+                        f"{allgather_seconds(payload, count, link) * 1e6:.0f} us | the same bytes, overlapped with "
+                        "the blocks' attention |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     print(f"Per layer, batch 1, a {131072}-token prompt (``python -m scanweaver_tvm.sequence_parallel.cost``; "
           "computed from the cost model, not measured).\n")
     print(projection_table())
+    print("\nA hybrid's attention layers: keys and values grow with the prompt (its part's rows).\n")
+    print(attention_table())
