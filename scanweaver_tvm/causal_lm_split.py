@@ -77,16 +77,18 @@ def check(lm, batch):
 
     got = in_threads(ranks, part)[-1]
     want = lm.prefill(ids)
-    _compare(ranks, "logits", got[0], want[0])
+    # (a model computing in bf16 or fp16 sums in another order over parts: its rounding)
+    tolerance = 1e-4 if str(getattr(lm.model, "dtype", "float32")).endswith("float32") else 3e-2
+    _compare(ranks, tolerance, "logits", got[0], want[0])
     first = 1 if lm.layout.paged else 0
     for i, (g, w) in enumerate(zip(got[1][first:], want[1][first:])):
-        _compare(ranks, f"state {i}", g, w)
+        _compare(ranks, tolerance, f"state {i}", g, w)
     token = want[0].numpy().argmax(-1)
-    _compare(ranks, "logits of a decode step after it", lm.decode(token, got[1])[0], lm.decode(token, want[1])[0])
+    _compare(ranks, tolerance, "logits of a decode step after it", lm.decode(token, got[1])[0],
+             lm.decode(token, want[1])[0])
 
 
-def _compare(ranks, what, got, want):
-    tolerance = 1e-4 if want.numpy().dtype == np.float32 else 3e-2
+def _compare(ranks, tolerance, what, got, want):
     got, want = got.numpy().astype(np.float64), want.numpy().astype(np.float64)
     scale = max(float(np.abs(want).max()), 1.0)
     err = float(np.abs(got - want).max()) / scale
