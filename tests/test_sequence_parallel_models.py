@@ -53,6 +53,17 @@ def check_generate_split(lm, model, ranks, length=70):
     assert torch.equal(got, expected)
 
 
+def test_a_token_shift_is_refused_at_compile_time():
+    """RWKV reads the previous position (its token shift) outside any scan or conv: the split
+    prefill would differ at each part's first token, so the probe at compile time refuses it."""
+    torch.manual_seed(0)
+    cfg = transformers.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                  intermediate_size=64, context_length=64)
+    lm = sw.compile_causal_lm(transformers.RwkvForCausalLM(cfg).eval(), ranks=2)
+    with pytest.raises(SplitRefused, match="reads across"):
+        lm.module()
+
+
 def test_attention_caches_kept_as_tensors_are_refused_up_front():
     from test_causal_lm_hybrids import FAMILIES as HYBRIDS   # (it imports this module)
 

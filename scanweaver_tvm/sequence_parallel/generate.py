@@ -2,9 +2,10 @@
 
     torchrun --nproc-per-node 2 -m scanweaver_tvm.sequence_parallel.generate [CHECKPOINT] --length 2048
 
-Every rank loads the checkpoint (default: the demo's Mamba), compiles it with ``ranks`` =
-the job's size, and prefills its consecutive part of the prompt (``generate_split``: one
-all-gather a layer for the scan summaries and one for the conv windows).  The last rank decodes
+Every rank loads the checkpoint (default: the demo's Mamba; a hybrid's attention in the paged
+cache too), compiles it with ``ranks`` = the job's size, and prefills its consecutive part of
+the prompt (``generate_split``: one all-gather a layer for the scan summaries, one for the conv
+windows, one for an attention layer's keys and values).  The last rank decodes
 and checks the tokens against the same model generating in one process (its ``prefill`` of the
 whole prompt, from the same build); the command exits non-zero when they differ.  The prompt
 is the checkpoint's tokenizer on a passage of ``bench/data``'s text, or random ids."""
