@@ -63,10 +63,19 @@ def _load(model_or_path):
 class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
-    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None, ranks=None):
-        self.model, self.target, self.prompt_sizes, self.weights = model, target, prompt_sizes, weights
+    def __init__(self, model, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None, ranks=None,
+                 tensor_parallel=None):
         if ranks is not None and (not isinstance(ranks, int) or ranks < 1):
             raise ValueError(f"ranks: needs a positive int, got {ranks!r}")
+        if tensor_parallel is not None:
+            if ranks:
+                raise NotImplementedError("ranks and tensor_parallel together: one or the other")
+            from . import tensor_parallel as tp
+            from .sequence_parallel import collective  # noqa: F401 (registers the all-reduce the shard calls)
+
+            model = tp.shard(model, *tensor_parallel)
+        self.tensor_parallel = tensor_parallel
+        self.model, self.target, self.prompt_sizes, self.weights = model, target, prompt_sizes, weights
         self.ranks = ranks
         if weights is not None:
             weight_format(weights)        # (an unknown format: a clear error now, not at the build)
@@ -421,7 +430,7 @@ def _as_ids(x):
 
 
 def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention_cache="paged", weights=None,
-                      ranks=None):
+                      ranks=None, tensor_parallel=None):
     """A transformers causal LM (an object, or a checkpoint directory for
     ``from_pretrained``) as ``CompiledCausalLM``: ``prefill``, ``decode`` and ``generate``,
     compiled on first use for each batch size.  ``prompt_sizes``: the prompt lengths traced to
@@ -432,5 +441,8 @@ def compile_causal_lm(model_or_path, target="llvm", prompt_sizes=None, attention
     ...) quantizes the dense layers' weights (``sw.compile``'s ``weights``); None keeps the model's.
     ``ranks``: also compile the prefill of one rank's part of a prompt split across ``ranks``
     torch.distributed ranks (``prefill_part``, ``generate_split``; recurrent models and hybrids
-    whose attention is in the paged cache)."""
-    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights, ranks)
+    whose attention is in the paged cache).  ``tensor_parallel``: ``(rank, world)``, compile
+    this rank's shard of the model (its mixers' channels split, an all-reduce after each
+    row-parallel projection: ``tensor_parallel``); every rank then runs the same calls."""
+    return CompiledCausalLM(_load(model_or_path), target, prompt_sizes, attention_cache, weights, ranks,
+                            tensor_parallel)

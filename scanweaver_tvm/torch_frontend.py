@@ -53,8 +53,10 @@ def _fail(why):
 
 def custom_convert_map():
     """The ``custom_convert_map`` for ``from_exported_program``: ``scan`` -> affine scan, and
-    the converters that repair TVM's (``torch_repairs``), and our paged attention's."""
+    the converters that repair TVM's (``torch_repairs``), and our paged attention's and
+    all-reduce's."""
     from .paged_attention import convert_paged_attention
+    from .tensor_parallel import convert_all_reduce
     from .torch_repairs import (convert_addmm, convert_cat, convert_conv1d, convert_convolution, convert_exp2,
                                 convert_group_norm, convert_topk)
 
@@ -63,7 +65,7 @@ def custom_convert_map():
             "logcumsumexp.default": convert_logcumsumexp, "exp2.default": convert_exp2,
             "topk.default": convert_topk, "cat.default": convert_cat, "addmm.default": convert_addmm,
             "constant_pad_nd.default": convert_constant_pad, "pad.default": convert_constant_pad,
-            "paged_attention.default": convert_paged_attention}
+            "paged_attention.default": convert_paged_attention, "all_reduce.default": convert_all_reduce}
 
 
 def convert_constant_pad(node, importer):

@@ -1,6 +1,7 @@
-"""The one extern a sequence-parallel module calls, ``scanweaver.ccl.allgather(send, recv)``:
-every rank's ``send`` concatenated along axis 0 in rank order into ``recv`` (the layout of
-``R.ccl.allgather``, so a Disco/NCCL build can stand in for it).
+"""The externs a parallel module calls: ``scanweaver.ccl.allgather(send, recv)`` (sequence
+parallel: every rank's ``send`` concatenated along axis 0 in rank order into ``recv``, the
+layout of ``R.ccl.allgather``, so a Disco/NCCL build can stand in for it), and
+``scanweaver.ccl.allreduce(send, recv)`` (tensor parallel: the sum, as ``R.ccl.allreduce``).
 
 torch.distributed carries the bytes: gloo on CPUs, NCCL on GPUs, in whatever process group the
 caller set up (``torch.distributed.init_process_group``); without one, a single rank's gather is
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import tvm
 
 from relax_pass.split.scan import ALLGATHER
+
+from ..tensor_parallel import ALLREDUCE
 
 
 @dataclass
@@ -44,6 +47,17 @@ class _ThreadGroup:
         for r, x in enumerate(self.vectors):
             dst[r * x.shape[0]:(r + 1) * x.shape[0]].copy_(x)
         self.barrier.wait()          # (nobody overwrites a vector before every rank has read it)
+
+    def all_reduce(self, rank, src):
+        """The sum of every rank's ``src`` (added in rank order: the same on every rank)."""
+        _count(self.traffic[rank], src)
+        self.vectors[rank] = src.clone()
+        self.barrier.wait()
+        total = self.vectors[0].clone()
+        for x in self.vectors[1:]:
+            total += x
+        self.barrier.wait()
+        return total
 
 
 _THREAD = threading.local()
@@ -102,4 +116,26 @@ def _allgather(send, recv):
     dist.all_gather(list(dst.view(world, *src.shape).unbind(0)), src.contiguous())
 
 
+def all_reduce(x):
+    """The sum of every rank's ``x`` (a torch tensor): between the ranks' threads, over
+    torch.distributed's default group, or alone (no group) ``x`` itself."""
+    import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+
+    group = getattr(_THREAD, "group", None)
+    if group is not None:
+        return group.all_reduce(_THREAD.rank, x)
+    _count(TRAFFIC, x)
+    out = x.clone()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(out)
+    return out
+
+
+def _allreduce(send, recv):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.from_dlpack(recv).copy_(all_reduce(torch.from_dlpack(send)))
+
+
 tvm.register_global_func(ALLGATHER, _allgather, override=True)
+tvm.register_global_func(ALLREDUCE, _allreduce, override=True)

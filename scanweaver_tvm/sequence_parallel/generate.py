@@ -8,7 +8,11 @@ the prompt (``generate_split``: one all-gather a layer for the scan summaries, o
 windows, one for an attention layer's keys and values).  The last rank decodes
 and checks the tokens against the same model generating in one process (its ``prefill`` of the
 whole prompt, from the same build); the command exits non-zero when they differ.  The prompt
-is the checkpoint's tokenizer on a passage of ``bench/data``'s text, or random ids."""
+is the checkpoint's tokenizer on a passage of ``bench/data``'s text, or random ids.
+
+``--tensor-parallel``: each rank compiles its shard of the model instead (``tensor_parallel``:
+the mixers' channels split, an all-reduce after each row-parallel projection) and every rank
+generates; the last checks its tokens against transformers'."""
 import argparse
 import os
 import sys
@@ -52,6 +56,9 @@ def main(argv=None):
     parser.add_argument("checkpoint", nargs="?", default=DEMO)
     parser.add_argument("--length", type=int, default=2048, help="prompt tokens")
     parser.add_argument("--new", type=int, default=16, help="tokens to generate")
+    parser.add_argument("--tensor-parallel", action="store_true",
+                        help="shard the model's mixers over the ranks instead (every rank generates; checked "
+                             "against transformers)")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(max(1, physical_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     torch.set_num_threads(1)
@@ -59,15 +66,22 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     from .. import compile_causal_lm  # pylint: disable=import-outside-toplevel
 
-    lm = compile_causal_lm(args.checkpoint, ranks=world)
     ids = prompt_ids(args.checkpoint, args.length)
-    got = lm.generate_split(ids, rank, args.new)
+    if args.tensor_parallel:
+        lm = compile_causal_lm(args.checkpoint, tensor_parallel=(rank, world))
+        got = lm.generate(ids, max_new_tokens=args.new, do_sample=False, eos_token_id=-1)
+        how = "sharded over"
+    else:
+        lm = compile_causal_lm(args.checkpoint, ranks=world)
+        got = lm.generate_split(ids, rank, args.new)
+        how = "prefilled over"
     failed = 0
-    if got is not None:
-        want = lm.generate(ids, max_new_tokens=args.new, do_sample=False, eos_token_id=-1)
+    if got is not None and (rank == world - 1 or not args.tensor_parallel):
+        want = _transformers(args.checkpoint, ids, args.new) if args.tensor_parallel else \
+            lm.generate(ids, max_new_tokens=args.new, do_sample=False, eos_token_id=-1)
         equal = torch.equal(got, want)
-        print(f"{os.path.basename(os.path.normpath(args.checkpoint))}: a {args.length}-token prompt prefilled "
-              f"over {world} ranks, {args.new} tokens generated on rank {rank}: "
+        print(f"{os.path.basename(os.path.normpath(args.checkpoint))}: a {args.length}-token prompt {how} "
+              f"{world} ranks, {args.new} tokens generated on rank {rank}: "
               + ("equal to one process" if equal else f"differ from one process:\n{got[0, -args.new:].tolist()}\n"
                  f"{want[0, -args.new:].tolist()}"), flush=True)
         failed = int(not equal)
@@ -75,6 +89,19 @@ def main(argv=None):
     dist.broadcast(flag, world - 1)
     dist.destroy_process_group()
     return int(flag.item())
+
+
+def _transformers(checkpoint, ids, new):
+    """The checkpoint's greedy tokens in transformers (its torch path)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..causal_lm import torch_kernels  # pylint: disable=import-outside-toplevel
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    ids = torch.as_tensor(ids)
+    with torch.no_grad(), torch_kernels():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                              eos_token_id=None, min_new_tokens=new)
 
 
 if __name__ == "__main__":
