@@ -5,7 +5,8 @@ As MLC-LLM shards by heads on Disco: the projections into a mixer are split by o
 (column-parallel), the scan runs on the rank's channels only (a Mamba channel is a head of one
 lane: its conv, its state, its decay are its own), and each projection that sums over the
 channels (row-parallel) is followed by one all-reduce.  A Mamba mixer has two: ``x_proj`` (dt,
-B and C read every channel) and ``out_proj``.  Embeddings, norms and the lm head are
+B and C read every channel) and ``out_proj``; a Mamba-2 mixer (split by head) ``out_proj``,
+and its gated norm's sum of squares when one group spans every head.  Embeddings, norms and the lm head are
 replicated.  The shard is a copy of the model whose mixers hold their part of the weights; the
 all-reduce is the torch op ``scanweaver::all_reduce``, traced, and in Relax the extern
 ``scanweaver.ccl.allreduce(send, recv)`` (laid out as ``R.ccl.allreduce``), which
@@ -83,35 +84,126 @@ def _mamba(mixer, rank, world):
         raise ValueError(f"tensor_parallel: {width} inner channels do not split over {world} ranks")
     part = width // world
     keep = slice(rank * part, (rank + 1) * part)
-
-    def linear(weight, bias):
-        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                        dtype=weight.dtype, device=weight.device)
-        with torch.no_grad():
-            new.weight.copy_(weight)
-            if bias is not None:
-                new.bias.copy_(bias)
-        return new
-
     with torch.no_grad():
-        in_proj, x_proj, dt_proj, out_proj, conv = (mixer.in_proj, mixer.x_proj, mixer.dt_proj, mixer.out_proj,
-                                                    mixer.conv1d)
-        mixer.in_proj = linear(_rows(in_proj.weight, 2, rank, world),
-                               None if in_proj.bias is None else _rows(in_proj.bias, 2, rank, world))
-        mixer.x_proj = linear(x_proj.weight[:, keep], None)
-        mixer.dt_proj = linear(dt_proj.weight[keep], dt_proj.bias[keep])
-        bias = None if out_proj.bias is None else (out_proj.bias if rank == 0 else torch.zeros_like(out_proj.bias))
-        mixer.out_proj = linear(out_proj.weight[:, keep], bias)
-        mixer.conv1d = nn.Conv1d(part, part, conv.kernel_size[0], groups=part, padding=conv.padding[0],
-                                 bias=conv.bias is not None, dtype=conv.weight.dtype, device=conv.weight.device)
-        mixer.conv1d.weight.copy_(conv.weight[keep])
-        if conv.bias is not None:
-            mixer.conv1d.bias.copy_(conv.bias[keep])
+        in_proj, dt_proj, conv = mixer.in_proj, mixer.dt_proj, mixer.conv1d
+        mixer.in_proj = _linear(_rows(in_proj.weight, 2, rank, world),
+                                None if in_proj.bias is None else _rows(in_proj.bias, 2, rank, world))
+        mixer.x_proj = _linear(mixer.x_proj.weight[:, keep], None)
+        mixer.dt_proj = _linear(dt_proj.weight[keep], dt_proj.bias[keep])
+        mixer.out_proj = _linear(mixer.out_proj.weight[:, keep], _first_rank_bias(mixer.out_proj.bias, rank))
+        mixer.conv1d = _conv(conv.weight[keep], None if conv.bias is None else conv.bias[keep], conv.padding[0])
         mixer.A_log = nn.Parameter(mixer.A_log[keep].clone())
         mixer.D = nn.Parameter(mixer.D[keep].clone())
     mixer.intermediate_size = part
     _reduce_output(mixer, "x_proj")
     _reduce_output(mixer, "out_proj")
+
+
+def _mamba2(mixer, rank, world):
+    """Mamba-2: the heads split (with their channels, dt, A, D); the groups of B and C split
+    with them when they divide over the ranks, else (one group) every rank keeps B and C whole.
+    With one group the gated norm spans every head: its sum of squares is all-reduced.
+    ``out_proj`` reduced."""
+    import torch
+    from torch import nn
+
+    heads, groups, state = mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
+    width, dim = mixer.intermediate_size, mixer.head_dim
+    if heads % world or (groups > 1 and groups % world):
+        raise ValueError(f"tensor_parallel: {heads} heads in {groups} groups do not split over {world} ranks")
+    split_groups = groups % world == 0 and groups > 1
+    part_heads = heads // world
+    own_groups = groups // world if split_groups else groups
+    channels = torch.arange(rank * part_heads * dim, (rank + 1) * part_heads * dim)
+    group_rows = torch.arange(rank * own_groups * state, (rank + 1) * own_groups * state) \
+        if split_groups else torch.arange(groups * state)
+    head_rows = torch.arange(rank * part_heads, (rank + 1) * part_heads)
+    # in_proj rows: [gate (width), x (width), B (groups N), C (groups N), dt (heads)]
+    bc = width * 2
+    rows = torch.cat([channels, width + channels, bc + group_rows, bc + groups * state + group_rows,
+                      bc + 2 * groups * state + head_rows])
+    conv_rows = torch.cat([channels, width + group_rows, width + groups * state + group_rows])
+    with torch.no_grad():
+        mixer.in_proj = _linear(mixer.in_proj.weight[rows],
+                                None if mixer.in_proj.bias is None else mixer.in_proj.bias[rows])
+        conv = mixer.conv1d
+        mixer.conv1d = _conv(conv.weight[conv_rows], None if conv.bias is None else conv.bias[conv_rows],
+                             conv.padding[0])
+        for name in ("A_log", "D", "dt_bias"):
+            setattr(mixer, name, nn.Parameter(getattr(mixer, name)[head_rows].clone()))
+        out = mixer.out_proj
+        mixer.out_proj = _linear(out.weight[:, channels], _first_rank_bias(out.bias, rank))
+        norm = mixer.norm
+        norm.weight = nn.Parameter(norm.weight[channels].clone())
+    mixer.intermediate_size, mixer.num_heads, mixer.n_groups = part_heads * dim, part_heads, own_groups
+    mixer.conv_dim = part_heads * dim + 2 * own_groups * state
+    if not split_groups:
+        mixer.norm = _ReducedGatedNorm(norm, world)
+    _reduce_output(mixer, "out_proj")
+
+
+def _linear(weight, bias):
+    import torch
+    from torch import nn
+
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias)
+    return new
+
+
+def _conv(weight, bias, padding):
+    """A depthwise causal conv of ``weight``'s channels."""
+    import torch
+    from torch import nn
+
+    channels = weight.shape[0]
+    new = nn.Conv1d(channels, channels, weight.shape[2], groups=channels, padding=padding, bias=bias is not None,
+                    dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias)
+    return new
+
+
+def _first_rank_bias(bias, rank):
+    """A row-parallel projection's bias, added once: on rank 0."""
+    import torch
+
+    return None if bias is None else (bias if rank == 0 else torch.zeros_like(bias))
+
+
+def _gated_norm_class():
+    from torch import nn
+
+    class ReducedGatedNorm(nn.Module):
+        """Mamba-2's gated RMS norm over one group spread across the ranks: the sum of squares
+        of the rank's channels, all-reduced, over the whole group's width."""
+
+        def __init__(self, norm, world):
+            super().__init__()
+            self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+            self.world = world
+
+        def forward(self, hidden_states, gate=None):
+            import torch
+
+            dtype = hidden_states.dtype
+            x = hidden_states.to(torch.float32)
+            if gate is not None:
+                x = x * nn.functional.silu(gate.to(torch.float32))
+            squares = all_reduce_op()(x.pow(2).sum(-1, keepdim=True))
+            x = x * torch.rsqrt(squares / (x.shape[-1] * self.world) + self.variance_epsilon)
+            return self.weight * x.to(dtype)
+
+    return ReducedGatedNorm
+
+
+def _ReducedGatedNorm(norm, world):      # pylint: disable=invalid-name (a class made on first use: torch lazily)
+    return _gated_norm_class()(norm, world)
 
 
 def _reduce_output(module, name):
@@ -129,4 +221,4 @@ def _reduce_output(module, name):
     setattr(module, name, Reduced(getattr(module, name)))
 
 
-RULES = {"MambaMixer": _mamba}     # mixer class -> how it is sharded
+RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2}     # mixer class -> how it is sharded
