@@ -155,7 +155,7 @@ class CompiledCausalLM:
     def _kv_cache(self, batch, max_length, chunk):
         from .paged_attention import KVCache
 
-        return KVCache(self._build(batch)[1], batch, max_length, chunk)
+        return KVCache(self._vm(batch), batch, max_length, chunk)
 
     def prefill(self, input_ids, max_length=None, attention_mask=None):
         """``(logits (B, vocab) of the last position, states)`` after the prompt ``input_ids``.
@@ -183,7 +183,7 @@ class CompiledCausalLM:
             for t in range(length):
                 logits, states = self._decode(ids[:, t:t + 1], states, seqs)
             return logits, states
-        vm = self._build(batch)[1]
+        vm = self._vm(batch)
         if cache is None:
             out = vm["prefill"](tvm.runtime.tensor(ids))
             return out[0], list(out[1:])

@@ -6,8 +6,10 @@ As MLC-LLM shards by heads on Disco: the projections into a mixer are split by o
 lane: its conv, its state, its decay are its own), and each projection that sums over the
 channels (row-parallel) is followed by one all-reduce.  A Mamba mixer has two: ``x_proj`` (dt,
 B and C read every channel) and ``out_proj``; a Mamba-2 mixer (split by head) ``out_proj``,
-and its gated norm's sum of squares when one group spans every head.  Embeddings, norms and the lm head are
-replicated.  The shard is a copy of the model whose mixers hold their part of the weights; the
+and its gated norm's sum of squares when one group spans every head.  Embeddings, norms, the
+lm head and layers without a rule are replicated (computed whole on every rank).  The shard is
+a copy of the model whose mixers hold their part of the weights (so each rank first holds the
+whole model: a checkpoint loaded by shard would not); the
 all-reduce is the torch op ``scanweaver::all_reduce``, traced, and in Relax the extern
 ``scanweaver.ccl.allreduce(send, recv)`` (laid out as ``R.ccl.allreduce``), which
 ``sequence_parallel.collective`` carries over torch.distributed (or between threads).
@@ -15,6 +17,7 @@ all-reduce is the torch op ``scanweaver::all_reduce``, traced, and in Relax the 
 Every rank runs the same steps in lockstep (prefill, each decode step), and every rank ends with
 the full logits.  Families are sharded by rule (``RULES``); another is refused, naming its mixer."""
 import copy
+import functools
 
 ALLREDUCE = "scanweaver.ccl.allreduce"
 
@@ -138,7 +141,7 @@ def _mamba2(mixer, rank, world):
     mixer.intermediate_size, mixer.num_heads, mixer.n_groups = part_heads * dim, part_heads, own_groups
     mixer.conv_dim = part_heads * dim + 2 * own_groups * state
     if not split_groups:
-        mixer.norm = _ReducedGatedNorm(norm, world)
+        mixer.norm = _gated_norm_class()(norm, world)
     _reduce_output(mixer, "out_proj")
 
 
@@ -176,7 +179,9 @@ def _first_rank_bias(bias, rank):
     return None if bias is None else (bias if rank == 0 else torch.zeros_like(bias))
 
 
+@functools.cache
 def _gated_norm_class():
+    """(Made on first use: torch is imported lazily.)"""
     from torch import nn
 
     class ReducedGatedNorm(nn.Module):
@@ -200,10 +205,6 @@ def _gated_norm_class():
             return self.weight * x.to(dtype)
 
     return ReducedGatedNorm
-
-
-def _ReducedGatedNorm(norm, world):      # pylint: disable=invalid-name (a class made on first use: torch lazily)
-    return _gated_norm_class()(norm, world)
 
 
 def _reduce_output(module, name):

@@ -4,11 +4,11 @@ layout of ``R.ccl.allgather``, so a Disco/NCCL build can stand in for it), and
 ``scanweaver.ccl.allreduce(send, recv)`` (tensor parallel: the sum, as ``R.ccl.allreduce``).
 
 torch.distributed carries the bytes: gloo on CPUs, NCCL on GPUs, in whatever process group the
-caller set up (``torch.distributed.init_process_group``); without one, a single rank's gather is
-a copy.  ``in_threads`` runs ranks as threads of this process instead (the check a split
-prefill gets at compile time).  TVM 0.27's Disco has no CPU collective (``init_ccl`` takes nccl / rccl only), which is
-why this is torch's.  ``TRAFFIC`` counts what this process contributed (``in_threads``: each rank's own), for the
-cost model's check."""
+caller set up (``torch.distributed.init_process_group``); without one, a single rank's gather
+or sum is a copy.  ``in_threads`` runs ranks as threads of this process instead (the check a
+split prefill gets at compile time, and tests).  TVM 0.27's Disco has no CPU collective
+(``init_ccl`` takes nccl / rccl only), which is why this is torch's.  ``TRAFFIC`` counts what
+this process contributed (``in_threads``: each rank's own), for the cost model's check."""
 import threading
 from dataclasses import dataclass
 
