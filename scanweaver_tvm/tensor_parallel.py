@@ -59,22 +59,15 @@ def shard(model, rank, world):
     if not isinstance(world, int) or world < 1 or not isinstance(rank, int) or not 0 <= rank < world:
         raise ValueError(f"tensor_parallel: (rank, world) with 0 <= rank < world, got ({rank!r}, {world!r})")
     out = copy.deepcopy(model)
-    mixers = [(name, m) for name, m in out.named_modules() if type(m).__name__ in RULES]
+    mixers = [m for m in out.modules() if type(m).__name__ in RULES]
     if not mixers:
         names = sorted({type(m).__name__ for m in out.modules() if "Mixer" in type(m).__name__ or
                         "Attention" in type(m).__name__})
         raise NotImplementedError(f"tensor_parallel: {type(model).__name__} has no mixer we shard "
                                   f"({', '.join(names) or 'none found'}; sharded: {', '.join(RULES)})")
-    for _, mixer in mixers:
+    for mixer in mixers:
         RULES[type(mixer).__name__](mixer, rank, world)
     return out
-
-
-def _rows(weight, parts, rank, world):
-    """The rank's rows of ``weight`` split in ``parts`` equal blocks, each block cut in ``world``."""
-    import torch
-
-    return torch.cat([block.chunk(world)[rank] for block in weight.chunk(parts)])
 
 
 def _mamba(mixer, rank, world):
@@ -86,11 +79,11 @@ def _mamba(mixer, rank, world):
     if width % world:
         raise ValueError(f"tensor_parallel: {width} inner channels do not split over {world} ranks")
     part = width // world
-    keep = slice(rank * part, (rank + 1) * part)
+    keep = torch.arange(rank * part, (rank + 1) * part)
     with torch.no_grad():
         in_proj, dt_proj, conv = mixer.in_proj, mixer.dt_proj, mixer.conv1d
-        mixer.in_proj = _linear(_rows(in_proj.weight, 2, rank, world),
-                                None if in_proj.bias is None else _rows(in_proj.bias, 2, rank, world))
+        rows = torch.cat([keep, width + keep])                 # in_proj rows: [x (width), gate (width)]
+        mixer.in_proj = _linear(in_proj.weight[rows], None if in_proj.bias is None else in_proj.bias[rows])
         mixer.x_proj = _linear(mixer.x_proj.weight[:, keep], None)
         mixer.dt_proj = _linear(dt_proj.weight[keep], dt_proj.bias[keep])
         mixer.out_proj = _linear(mixer.out_proj.weight[:, keep], _first_rank_bias(mixer.out_proj.bias, rank))
@@ -141,35 +134,35 @@ def _mamba2(mixer, rank, world):
     mixer.intermediate_size, mixer.num_heads, mixer.n_groups = part_heads * dim, part_heads, own_groups
     mixer.conv_dim = part_heads * dim + 2 * own_groups * state
     if not split_groups:
-        mixer.norm = _gated_norm_class()(norm, world)
+        mixer.norm = _modules()[1](norm, world)
     _reduce_output(mixer, "out_proj")
 
 
 def _linear(weight, bias):
-    import torch
+    """A dense layer holding ``weight`` (out, in) and ``bias``."""
     from torch import nn
 
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        new.weight.copy_(weight)
-        if bias is not None:
-            new.bias.copy_(bias)
-    return new
+    return _filled(nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype,
+                             device=weight.device), weight, bias)
 
 
 def _conv(weight, bias, padding):
     """A depthwise causal conv of ``weight``'s channels."""
-    import torch
     from torch import nn
 
     channels = weight.shape[0]
-    new = nn.Conv1d(channels, channels, weight.shape[2], groups=channels, padding=padding, bias=bias is not None,
-                    dtype=weight.dtype, device=weight.device)
+    return _filled(nn.Conv1d(channels, channels, weight.shape[2], groups=channels, padding=padding,
+                             bias=bias is not None, dtype=weight.dtype, device=weight.device), weight, bias)
+
+
+def _filled(module, weight, bias):
+    import torch
+
     with torch.no_grad():
-        new.weight.copy_(weight)
+        module.weight.copy_(weight)
         if bias is not None:
-            new.bias.copy_(bias)
-    return new
+            module.bias.copy_(bias)
+    return module
 
 
 def _first_rank_bias(bias, rank):
@@ -180,9 +173,20 @@ def _first_rank_bias(bias, rank):
 
 
 @functools.cache
-def _gated_norm_class():
-    """(Made on first use: torch is imported lazily.)"""
+def _modules():
+    """``(Reduced, ReducedGatedNorm)``, made on first use (torch is imported lazily)."""
+    import torch
     from torch import nn
+
+    class Reduced(nn.Module):
+        """A row-parallel projection: its partial sums, all-reduced."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return all_reduce_op()(self.inner(x))
 
     class ReducedGatedNorm(nn.Module):
         """Mamba-2's gated RMS norm over one group spread across the ranks: the sum of squares
@@ -194,8 +198,6 @@ def _gated_norm_class():
             self.world = world
 
         def forward(self, hidden_states, gate=None):
-            import torch
-
             dtype = hidden_states.dtype
             x = hidden_states.to(torch.float32)
             if gate is not None:
@@ -204,22 +206,12 @@ def _gated_norm_class():
             x = x * torch.rsqrt(squares / (x.shape[-1] * self.world) + self.variance_epsilon)
             return self.weight * x.to(dtype)
 
-    return ReducedGatedNorm
+    return Reduced, ReducedGatedNorm
 
 
 def _reduce_output(module, name):
-    """``module.name``'s output all-reduced (a wrapper module in its place)."""
-    from torch import nn
-
-    class Reduced(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x):
-            return all_reduce_op()(self.inner(x))
-
-    setattr(module, name, Reduced(getattr(module, name)))
+    """``module.name``'s output all-reduced (a ``Reduced`` wrapper in its place)."""
+    setattr(module, name, _modules()[0](getattr(module, name)))
 
 
 RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2}     # mixer class -> how it is sharded

@@ -87,8 +87,9 @@ def _gather(bb, parts, k, v):
         return relax.op.reshape(full, [b * parts.longest * h * d]), [b, parts.longest, h, d]
 
     (kf, k_shape), (vf, v_shape) = padded_flat(k), padded_flat(v)
-    v = relax.op.astype(vf, k.ty.dtype) if v.ty.dtype != k.ty.dtype else vf
-    packed = bb.emit(relax.op.concat([kf, v], axis=0))
+    if v.ty.dtype != k.ty.dtype:
+        vf = relax.op.astype(vf, k.ty.dtype)
+    packed = bb.emit(relax.op.concat([kf, vf], axis=0))
     k_size = k_shape[0] * k_shape[1] * k_shape[2] * k_shape[3]
     size = packed.ty.shape.values[0]
     rows = bb.emit(relax.op.reshape(allgather(bb, packed, parts.world_size), [parts.world_size, size]))
