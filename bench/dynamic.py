@@ -19,7 +19,8 @@ import sys
 import time
 
 from . import rel_err, time_ms
-from .models import hf_mamba, vm_runner
+from .models_runners import vm_runner
+from .models_zoo import hf_mamba
 
 
 def log(msg):

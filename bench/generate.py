@@ -133,7 +133,7 @@ def _peers(model, ids, new, weights=None):
     import scanweaver_tvm as sw
     from scanweaver_core.weight_formats import weight_format
 
-    from .models import logits_module
+    from .models_zoo import logits_module
     from .openvino_cpu import compile_openvino
 
     fp32 = copy.deepcopy(model).float() if model.dtype != torch.float32 else model

@@ -29,7 +29,7 @@ import time
 
 from . import outputs
 from .generate import copy_bandwidth
-from .models import logits_module
+from .models_zoo import logits_module
 from .openvino_cpu import compile_openvino
 
 KINDS = ("dense", "scan", "attention", "conv", "norm", "layout", "elementwise", "vm")

@@ -97,7 +97,7 @@ def ours(model, spec, prompt):
 
 def openvino(model, spec, refs, prompt):
     """``logits_at`` of OpenVINO f32 with NNCF's compression in format ``spec``, or None and why."""
-    from .models import logits_module
+    from .models_zoo import logits_module
     from .openvino_cpu import compile_openvino
 
     runs = [compile_openvino(logits_module(model), (tokens,), ("f32",), spec)["f32"] for tokens, _ in refs]

@@ -1,10 +1,10 @@
 """A whole model tuned by ``sw.tune`` against the same model untuned: ``python -m bench.tune_model``.
 
-HF Mamba at the real width (``bench.models.hf_mamba``: d_model 768, d_inner 1536, N 16, its
+HF Mamba at the real width (``bench.models_zoo.hf_mamba``: d_model 768, d_inner 1536, N 16, its
 vocabulary), imported at one length; ``sw.tune(mod, trials=T, cost_model=...)`` tunes every
 kernel (the scans and, through MetaSchedule, every other kernel with static shapes), then
 ``sw.compile(mod, database=db)`` against ``sw.compile(mod)``.  Both are checked against
-PyTorch and timed interleaved in the same run (``bench.models.interleaved``), with the tuning
+PyTorch and timed interleaved in the same run (``bench.models_timing.interleaved``), with the tuning
 time.  Writes ``tune_model_<cost model>.json`` / ``.md`` into ``--out``.
 """
 import argparse
@@ -20,7 +20,9 @@ def run(length, layers, trials, cost_model, work_dir, budget_s):
     from tvm import relax
 
     import scanweaver_tvm as sw
-    from bench.models import check, hf_mamba, interleaved, vm_runner
+    from bench.models_runners import check, vm_runner
+    from bench.models_timing import interleaved
+    from bench.models_zoo import hf_mamba
     model, inputs = hf_mamba(length, layers=layers)
     import torch
     with torch.no_grad():

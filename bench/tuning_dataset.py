@@ -67,8 +67,8 @@ def _model(name, length):
     if name == "qwen3_next_layers":
         from bench.delta_layers import Layers
         return Layers().module, [torch.randn(1, length, 1024)]
-    from bench import models
-    model, inputs = getattr(models, name)(length, layers=1)
+    from bench import models_zoo
+    model, inputs = getattr(models_zoo, name)(length, layers=1)
     return model, inputs
 
 

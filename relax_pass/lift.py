@@ -16,7 +16,7 @@ from scanweaver_core.exprs import VarMap, op_name, tensor_shape
 
 import numpy as np
 
-from .interpret import const_ints
+from .interpret_ops import const_ints
 
 
 class NotLiftable(Exception):

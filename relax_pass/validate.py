@@ -16,7 +16,8 @@ from tvm import relax
 
 from scanweaver_core.exprs import VarMap
 
-from .interpret import Interpreter, Unsupported, random_input
+from .interpret import Interpreter, random_input
+from .interpret_ops import Unsupported
 
 RTOL = 1e-6
 SCALES = (1.0, 0.1, 0.01)

@@ -12,7 +12,7 @@ STAGES = ("all", "ptx", "scanweaver.scan", "affine_scan", "assoc_scan", "blelloc
 def _fused_scans(mod, steps):
     """``(function, var, spec)`` of every scan after FuseAffineRecurrences."""
     from . import api
-    from .cli import _existing_scans
+    from .cli_report import _existing_scans
 
     with steps("finding recurrences", "cannot fuse the recurrences"):
         fused = api.FuseAffineRecurrences()(mod)

@@ -10,7 +10,8 @@ import inspect
 
 from tvm import relax, tirx
 
-from .generalize import GeneralizeError, generalize, grid
+from .generalize import GeneralizeError, generalize
+from .generalize_fit import grid
 
 __all__ = ["dims_of", "static_dims", "trace_sizes", "import_generic", "traced"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import models
+from bench import models, models_runners, models_timing
 
 
 class _Tiny(torch.nn.Module):
@@ -27,11 +27,11 @@ def test_openvino_runner_checks_against_pytorch():
     model, ids = _Tiny().eval(), torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = [model(ids).numpy()]
-    res, run = models.openvino_runner(model, [ids], want)
+    res, run = models_runners.openvino_runner(model, [ids], want)
     assert run is not None and res["ok"] and res["rel_err"] <= 1e-6, res
     assert res["precision"] == "<Type: 'float32'>" and res["threads"] == models.THREADS
     np.testing.assert_allclose(run()[0], want[0], rtol=1e-5, atol=1e-6)
-    wrong, _ = models.openvino_runner(model, [ids], [want[0] + 1.0])
+    wrong, _ = models_runners.openvino_runner(model, [ids], [want[0] + 1.0])
     assert not wrong["ok"] and wrong["rel_err"] > 1e-2
 
 
@@ -54,7 +54,7 @@ def test_interleaved_times_every_path_and_a_slow_one_once():
         calls["slow"] += 1
         time.sleep(0.06)
 
-    got = models.interleaved({"fast": fast, "slow": slow}, budget_s=0.05, max_rounds=5)
+    got = models_timing.interleaved({"fast": fast, "slow": slow}, budget_s=0.05, max_rounds=5)
     assert got["slow"]["n"] == 1 and calls["slow"] == 1 and got["slow"]["ms"] >= 60
     assert 3 <= got["fast"]["n"] <= 5 and calls["fast"] == 1 + got["fast"]["n"] * got["fast"]["number"]
 

@@ -147,7 +147,7 @@ def test_bad_dynamic_shapes_are_clear_errors():
 def test_fit_polynomials():
     from tvm import tirx
 
-    from scanweaver_tvm.generalize import _Fit, grid
+    from scanweaver_tvm.generalize_fit import _Fit, grid
 
     dims = {"B": tirx.Var("B", "int64"), "L": tirx.Var("L", "int64")}
     points = grid({"B": (2, 3, 5), "L": (7, 11, 13)})

@@ -4,7 +4,7 @@ Running them needs a GPU: bench/gpu/ does that part."""
 import pytest
 
 import scanweaver_tvm as sw
-from bench.models import logits_module
+from bench.models_zoo import logits_module
 from scanweaver_tvm import models
 from tir_schedules import cuda_check
 

@@ -9,7 +9,7 @@ carry three states: a max ``m_t = max(f_t + m_{t-1}, i_t)`` and a matrix ``C`` a
 of it is affine in one state, and RWKV's reader (``stabilized.py``) wants a den state; it is
 one mLSTM scan.
 
-How a loop is read (``find_mlstm``):
+How a loop is read (``find_mlstm``, with ``loop_reader.py``'s reader and probe):
 
 1. the max chain, as ``stabilized._Reader.chains`` finds it (``w`` = f_t, ``k`` = i_t);
 2. per step, its two rescalings ``exp(f + m_{t-1} - m_t)`` and ``exp(i - m_t)`` and the states
@@ -30,7 +30,6 @@ reads them, the final states; the rewrite is then validated like every other.
 from dataclasses import dataclass, field
 
 import numpy as np
-import tvm_ffi
 from tvm import relax
 
 from scanweaver_core.exprs import VarMap, op_name, tensor_dtype, tensor_shape
@@ -39,15 +38,10 @@ from scanweaver_core.spec import SUPPORTED_DTYPES, MLSTMScanSpec
 
 from ...interpret import EVAL_ERRORS, Interpreter, random_input
 from ...lift import Lifter, NotLiftable, as_stacked_output, as_value_of, head_major_sequence
-from ..stabilized.reader import RTOL, NotStabilized, _analysis, _Reader
+from ..stabilized.reader import RTOL, NotStabilized, _analysis
+from .loop_reader import NotMLSTM, _args, _closure, _MReader, _Probe, _step_window
 
 __all__ = ["MLSTMMatch", "find_mlstm", "find_mlstm_scans", "emit_mlstm"]
-
-VIEWS = ("relax.expand_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze")
-
-
-class NotMLSTM(Exception):
-    """The loop is not an mLSTM scan (the message says why)."""
 
 
 @dataclass
@@ -88,81 +82,6 @@ class MLSTMMatch:
         return len(self.steps)
 
 
-def _args(value):
-    return list(value.args) if isinstance(value, relax.Call) else []
-
-
-class _MReader(_Reader):
-    """``_Reader`` (the max chain, the writes) with the mLSTM's states and operands."""
-
-    def through_views(self, x):
-        """``x`` and every var that is a view of it (users through view ops)."""
-        out, frontier = [x], [x]
-        while frontier:
-            nxt = []
-            for v in frontier:
-                for u in self.users.get(v, []):
-                    if u != "return" and op_name(self.val(u)) in VIEWS and u not in out:
-                        nxt.append(u)
-            out += nxt
-            frontier = nxt
-        return out
-
-    def same(self, a, b):
-        """``a`` and ``b`` are the same value: one var, or two bindings of one expression
-        (export repeats ``i[:, :, t]`` where the code writes it twice)."""
-        if a.same_as(b):
-            return True
-        va, vb = self.val(a), self.val(b)
-        return va is not None and vb is not None and tvm_ffi.structural_equal(va, vb)
-
-    def rescalings(self, step):
-        """``(e_f, e_i)``: ``exp(f + m_{t-1} - m_t)`` and ``exp(i - m_t)`` of this step."""
-        e_f = e_i = None
-        for e, x in self._exps_of(step.m).items():
-            if self.same(x, step.i):
-                e_i = e
-            elif op_name(self.val(x)) == "relax.add":
-                pair = _args(self.val(x))
-                if any(self.same(a, step.f) for a in pair) and any(a.same_as(step.prev_m) for a in pair):
-                    e_f = e
-        if e_f is None or e_i is None:
-            raise NotMLSTM(f"step {step.m.name}: no exp(f + m - m_t) and exp(i - m_t) rescaling")
-        for e in (e_f, e_i):        # the subtract under each exp, and f + m_{t-1}
-            sub = _args(self.val(e))[0]
-            step.inside.add(sub)
-            x = _args(self.val(sub))[0]
-            if isinstance(x, relax.Var) and op_name(self.val(x)) == "relax.add":
-                step.inside.add(x)
-        return e_f, e_i
-
-    def states(self, step):
-        """``[(S_t, S_prev, Y_t, inside)]``: the states this step's rescalings make."""
-        e_f, e_i = self.rescalings(step)
-        inputs = VarMap((x, True) for x in self.through_views(e_i))
-        found = []
-        for ef in self.through_views(e_f):
-            for mul in self.users.get(ef, []):
-                if mul == "return" or op_name(self.val(mul)) != "relax.multiply":
-                    continue
-                a, b = _args(self.val(mul))
-                prev = b if a.same_as(ef) else a
-                for add in self.users.get(mul, []):
-                    if add == "return" or op_name(self.val(add)) != "relax.add":
-                        continue
-                    p, q = _args(self.val(add))
-                    other = q if p.same_as(mul) else p
-                    if op_name(self.val(other)) != "relax.multiply":
-                        continue
-                    x, y = _args(self.val(other))
-                    if x in inputs:
-                        found.append((add, prev, y, {add, mul, other, ef}))
-                    elif y in inputs:
-                        found.append((add, prev, x, {add, mul, other, ef}))
-        step.inside |= {e_f, e_i} | set(self.through_views(e_f)) | set(self.through_views(e_i))
-        return found
-
-
 def _outer_pair(probe, Y, cands_k, cands_v):
     """The (k, v) among the candidates whose outer product ``Y`` is (by value), or None."""
     y = np.asarray(probe(Y), dtype=np.float64)
@@ -182,40 +101,6 @@ def _outer_pair(probe, Y, cands_k, cands_v):
 def _close(got, want):
     want = np.asarray(want, dtype=np.float64)
     return float(np.max(np.abs(got - want), initial=0.0)) <= RTOL * max(1.0, float(np.max(np.abs(want), initial=0.0)))
-
-
-def _step_window(an, steps, names, read, error, others):
-    """``(reverse, (start, length))``: the time window every operand ``names`` (``read(step,
-    name)``) reads, each step one slice of one tensor at consecutive time indices, all running
-    together; else ``error`` naming the operand (``others``: what the later operands run with,
-    for the message).  Only the first, second and last steps are read."""
-    window = reverse = None
-    for name in names:
-        idx = [an.template(read(steps[i], name)).index for i in (0, 1, -1)]
-        if any(not isinstance(x, int) for x in idx):
-            raise error(f"the {name} operands are not per-step slices of one tensor")
-        delta = idx[1] - idx[0]
-        if delta not in (1, -1) or idx[2] != idx[0] + delta * (len(steps) - 1):
-            raise error(f"the {name} operands' time indices are not consecutive: {idx}")
-        here = (delta == -1, (min(idx[0], idx[2]), len(steps)))
-        if (reverse, window) != (None, None) and here != (reverse, window):
-            raise error(f"the {name} operands do not run with {others}")
-        reverse, window = here
-    return reverse, window
-
-
-def _closure(reader, roots, stop, depth=12):
-    """Vars that ``roots`` read (backwards, ``depth`` levels), not crossing ``stop``."""
-    seen, frontier = VarMap(), list(roots)
-    for _ in range(depth):
-        nxt = []
-        for x in frontier:
-            for a in _args(reader.val(x)):
-                if isinstance(a, relax.Var) and a not in seen and a not in stop:
-                    seen[a] = True
-                    nxt.append(a)
-        frontier = nxt
-    return list(seen.keys())
 
 
 def _readout_var(reader, step, states):
@@ -238,21 +123,6 @@ def _readout_var(reader, step, states):
                 nxt.append(u)
         frontier = nxt
     raise NotMLSTM(f"step {step.m.name}: no readout of {step.C.name} is stacked into an output")
-
-
-class _Probe:
-    """Evaluate one step with chosen previous states (float64); everything else is computed
-    from the probe inputs (``leaf``), so no value of another evaluation leaks in, and a value
-    the interpreter cannot compute (an op upstream it has no meaning for) is a probe input too:
-    the step is checked against its own operands, whatever made them."""
-
-    def __init__(self, reader, given, leaf):
-        self.given = given
-        self.side = Interpreter(reader.vmap, missing=leaf, opaque=reader.vmap,
-                                shared=lambda v: given[v] if v in given else None)
-
-    def __call__(self, x):
-        return np.asarray(self.side(x), dtype=np.float64)
 
 
 def _read_step(reader, step, probe):

@@ -43,7 +43,8 @@ from scanweaver_core.scan_op import emit_stabilized_scan
 from scanweaver_core.spec import SUPPORTED_DTYPES
 
 from ...form import users_of
-from ...interpret import Interpreter, Unsupported, random_input
+from ...interpret import Interpreter, random_input
+from ...interpret_ops import Unsupported
 from ...lift import Lifter, NotLiftable
 from .reader import RTOL, NotStabilized, _analysis, _args, _is, _Reader, _Step
 
