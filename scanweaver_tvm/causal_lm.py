@@ -60,6 +60,10 @@ def _load(model_or_path):
     return model_or_path.eval()
 
 
+_IMPORTING = threading.Lock()   # torch.export is not thread-safe: shards built from their ranks'
+                                # threads (tensor parallel) import one at a time
+
+
 class CompiledCausalLM:
     """``prefill``/``decode`` compiled with ScanWeaver for ``target``, and ``generate``."""
 
@@ -106,8 +110,9 @@ class CompiledCausalLM:
         """Compile batch ``batch``; with ranks, validate its split prefill (``causal_lm_split.check``)."""
         first = self.shortest_prompt
         sizes = self.prompt_sizes or (first + 1, first + 3, first + 5)
-        self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights,
-                                      self.ranks)
+        with _IMPORTING:
+            self._built[batch] = _compile(self.model, self.layout, batch, self.target, sizes, first, self.weights,
+                                          self.ranks)
         if self.ranks:
             try:
                 causal_lm_split.check(self, batch)

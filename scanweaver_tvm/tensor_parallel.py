@@ -6,11 +6,12 @@ As MLC-LLM shards by heads on Disco: the projections into a mixer are split by o
 lane: its conv, its state, its decay are its own), and each projection that sums over the
 channels (row-parallel) is followed by one all-reduce.  A Mamba mixer has two: ``x_proj`` (dt,
 B and C read every channel) and ``out_proj``; a Mamba-2 mixer (split by head) ``out_proj``,
-and its gated norm's sum of squares when one group spans every head.  Embeddings, norms, the
-lm head and layers without a rule are replicated (computed whole on every rank).  The shard is
-a copy of the model whose mixers hold their part of the weights (so each rank first holds the
-whole model: a checkpoint loaded by shard would not); the
-all-reduce is the torch op ``scanweaver::all_reduce``, traced, and in Relax the extern
+and its gated norm's sum of squares when one group spans every head; attention (split by
+key/value head) ``o_proj``; an MLP its down projection.  Embeddings, norms, the lm head and
+layers without a rule (mixtures of experts among them) are replicated (computed whole on every
+rank).  The shard is a copy of the model whose layers hold their part of the weights (so each
+rank first holds the whole model: a checkpoint loaded by shard would not); the all-reduce is
+the torch op ``scanweaver::all_reduce``, traced, and in Relax the extern
 ``scanweaver.ccl.allreduce(send, recv)`` (laid out as ``R.ccl.allreduce``), which
 ``sequence_parallel.collective`` carries over torch.distributed (or between threads).
 
@@ -138,6 +139,80 @@ def _mamba2(mixer, rank, world):
     _reduce_output(mixer, "out_proj")
 
 
+def _attention(attn, rank, world):
+    """Attention: the key/value heads split, each rank with the query heads that read them
+    (grouped queries stay grouped); ``o_proj`` reduced.  A rank's paged KV cache then holds its
+    own heads (the cache's shapes are read from the traced calls)."""
+    cfg = attn.config
+    q_heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    if kv_heads % world:
+        raise ValueError(f"tensor_parallel: {kv_heads} key/value heads do not split over {world} ranks")
+    with _no_grad():
+        attn.q_proj = _rows(attn.q_proj, _block(attn.q_proj.out_features, q_heads, rank, world))
+        attn.k_proj = _rows(attn.k_proj, _block(attn.k_proj.out_features, kv_heads, rank, world))
+        attn.v_proj = _rows(attn.v_proj, _block(attn.v_proj.out_features, kv_heads, rank, world))
+        attn.o_proj = _columns(attn.o_proj, _block(attn.o_proj.in_features, q_heads, rank, world), rank)
+    _reduce_output(attn, "o_proj")
+
+
+def _mlp(mlp, rank, world):
+    """An MLP of ``down_proj(act(up_proj(x)))``, gated by ``gate_proj`` where it has one: its
+    inner width split, ``down_proj`` reduced."""
+    width = mlp.up_proj.out_features
+    keep = _inner_share(width, rank, world)
+    with _no_grad():
+        for name in ("gate_proj", "up_proj"):
+            if hasattr(mlp, name):
+                setattr(mlp, name, _rows(getattr(mlp, name), keep))
+        mlp.down_proj = _columns(mlp.down_proj, keep, rank)
+    mlp.intermediate_size = width // world
+    _reduce_output(mlp, "down_proj")
+
+
+def _fused_mlp(mlp, rank, world):
+    """Granite's shared MLP: ``input_linear`` gives [gate | up] (chunked in two), ``output_linear``
+    reduces; the inner width split in both halves."""
+    import torch
+
+    width = mlp.output_linear.in_features
+    keep = _inner_share(width, rank, world)
+    with _no_grad():
+        mlp.input_linear = _rows(mlp.input_linear, torch.cat([keep, width + keep]))
+        mlp.output_linear = _columns(mlp.output_linear, keep, rank)
+    mlp.hidden_size = width // world
+    _reduce_output(mlp, "output_linear")
+
+
+def _inner_share(width, rank, world):
+    if width % world:
+        raise ValueError(f"tensor_parallel: an MLP's {width} inner channels do not split over {world} ranks")
+    return _block(width, world, rank, world)
+
+
+def _block(size, parts, rank, world):
+    """The indices of rank ``rank``'s share of ``size`` rows made of ``parts`` equal blocks (heads)."""
+    import torch
+
+    step = size // parts * (parts // world)
+    return torch.arange(rank * step, (rank + 1) * step)
+
+
+def _rows(dense, keep):
+    """A column-parallel part of ``dense``: its outputs ``keep``."""
+    return _linear(dense.weight[keep], None if dense.bias is None else dense.bias[keep])
+
+
+def _columns(dense, keep, rank):
+    """A row-parallel part of ``dense``: its inputs ``keep`` (its bias added on rank 0 only)."""
+    return _linear(dense.weight[:, keep], _first_rank_bias(dense.bias, rank))
+
+
+def _no_grad():
+    import torch
+
+    return torch.no_grad()
+
+
 def _linear(weight, bias):
     """A dense layer holding ``weight`` (out, in) and ``bias``."""
     from torch import nn
@@ -214,4 +289,10 @@ def _reduce_output(module, name):
     setattr(module, name, _modules()[0](getattr(module, name)))
 
 
-RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2}     # mixer class -> how it is sharded
+# module class -> how it is sharded; each family's shards checked against its whole model
+RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2,
+         "BambaMixer": _mamba2, "BambaAttention": _attention, "BambaMLP": _mlp,
+         "GraniteMoeHybridMambaLayer": _mamba2, "GraniteMoeHybridAttention": _attention,
+         "GraniteMoeHybridMLP": _fused_mlp,
+         "NemotronHMamba2Mixer": _mamba2, "NemotronHAttention": _attention, "NemotronHMLP": _mlp,
+         "Zamba2MambaMixer": _mamba2}      # (Zamba2's shared attention block, with its adapters, replicated)

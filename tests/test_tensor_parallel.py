@@ -12,8 +12,11 @@ import torch
 import transformers
 
 import scanweaver_tvm as sw
+from scanweaver_tvm import tensor_parallel
+from scanweaver_tvm.causal_lm import torch_kernels
 from scanweaver_tvm.sequence_parallel import collective, cost
 from test_causal_lm import tiny_mamba
+from test_chunked_forms import FAMILIES
 
 WORLD = 2
 
@@ -25,35 +28,79 @@ def tiny_mamba2(groups):
     return transformers.Mamba2ForCausalLM(cfg).eval()
 
 
+def tiny_bamba():
+    """Bamba: Mamba-2 mixers (one group: the gated norm reduced), attention (its heads and a
+    rank's paged cache split) and gated MLPs, every one sharded."""
+    return FAMILIES["bamba"][0]().eval()
+
+
 def _mamba_widths(cfg):
-    return [cfg.time_step_rank + 2 * cfg.state_size, cfg.hidden_size]
+    return [[cfg.time_step_rank + 2 * cfg.state_size, cfg.hidden_size]] * cfg.num_hidden_layers
+
+
+def _bamba_widths(cfg):
+    """Per layer: attention's o_proj or the mixer's out_proj and norm (one group), the MLP's down."""
+    hidden = cfg.hidden_size
+    return [[hidden, hidden] if i in cfg.attn_layer_indices else [hidden, 1, hidden]
+            for i in range(cfg.num_hidden_layers)]
 
 
 # name: (model, its scan op, the widths each layer all-reduces per token); Mamba-2 with one
 # group (its gated norm reduced too) is the documented command's test below
 CASES = {
     "mamba": (tiny_mamba, "scanweaver.selective_scan", _mamba_widths),
-    "mamba2_groups_split": (lambda: tiny_mamba2(2), "scanweaver.matrix_scan", lambda cfg: [cfg.hidden_size]),
+    "mamba2_groups_split": (lambda: tiny_mamba2(2), "scanweaver.matrix_scan",
+                            lambda cfg: [[cfg.hidden_size]] * cfg.num_hidden_layers),
+    "bamba": (tiny_bamba, "scanweaver.matrix_scan", _bamba_widths),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_shards_over_two_ranks_compute_the_whole_models_logits(case):
+    """Each rank's prefill logits are the whole model's (the shards built in their ranks'
+    threads, at once), with the bytes the cost model counts; a hybrid's ranks then generate transformers' tokens, each decoding from its own paged cache
+    (its share of the key/value heads)."""
     make, op, widths = CASES[case]
     model = make()
     shards = [sw.compile_causal_lm(model, tensor_parallel=(rank, WORLD)) for rank in range(WORLD)]
-    assert shards[0].module()["prefill"].script(show_meta=False).count(op) == model.config.num_hidden_layers
-    ids = torch.randint(0, 96, (1, 23), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 64, (1, 23), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(ids).logits[:, -1].numpy()
     traffic = [collective.Traffic() for _ in range(WORLD)]
     logits = collective.in_threads(WORLD, lambda rank: shards[rank].prefill(ids.numpy())[0].numpy(), traffic=traffic)
+    mixers = sum(1 for m in model.modules() if type(m).__name__ in ("MambaMixer", "Mamba2Mixer", "BambaMixer"))
+    assert shards[0].module()["prefill"].script(show_meta=False).count(op) == mixers   # (built in the threads)
     for got in logits:
         assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0)
-    cfg = model.config
-    reductions = cfg.num_hidden_layers * len(widths(cfg))
+    per_layer = widths(model.config)
     assert [(t.calls, t.bytes_sent) for t in traffic] == \
-        [(reductions, 23 * cost.tensor_parallel_bytes(cfg.num_hidden_layers, widths(cfg)))] * WORLD
+        [(sum(map(len, per_layer)), 23 * cost.tensor_parallel_bytes(per_layer))] * WORLD
+    if shards[0].layout.grows:
+        paged = shards[0].layout.paged
+        assert (paged.q_heads, paged.kv_heads) == (model.config.num_attention_heads // WORLD,
+                                                   model.config.num_key_value_heads // WORLD)
+        with torch.no_grad(), torch_kernels():
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+        tokens = collective.in_threads(WORLD, lambda rank: shards[rank].generate(ids.numpy(), max_new_tokens=6))
+        for got in tokens:
+            assert np.array_equal(np.asarray(got), expected.numpy())
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h", "zamba2"])
+def test_each_hybrid_rule_shards_compute_the_whole_model_in_torch(family):
+    """The other hybrids' rules (their mixers, attention and MLP classes), checked where they
+    are defined: the shards, run in torch over two ranks' threads, give the whole model's
+    logits; the compiled path of a shard is Bamba's above."""
+    model = FAMILIES[family][0]().eval()
+    shards = [tensor_parallel.shard(model, rank, WORLD) for rank in range(WORLD)]
+    sharded = {type(m).__name__ for m in model.modules()} & set(tensor_parallel.RULES)
+    assert any("Mamba" in name for name in sharded), sharded
+    ids = torch.randint(0, 64, (1, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits[:, -1].numpy()
+        logits = collective.in_threads(WORLD, lambda rank: shards[rank](ids).logits[:, -1].detach().numpy())
+    for got in logits:
+        assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1.0)
 
 
 def test_the_documented_command_shards_a_checkpoint_over_two_gloo_ranks(tmp_path):

@@ -71,13 +71,14 @@ def attention_bytes(batch, longest, kv_heads, key_dim, value_dim, itemsize=F32):
     return batch * longest * kv_heads * (key_dim + value_dim) * itemsize
 
 
-def tensor_parallel_bytes(layers, widths, itemsize=F32):
-    """Bytes a rank all-reduces per token of a model sharded by channel (``tensor_parallel``):
-    per layer, the widths of its reductions: Mamba's ``x_proj`` (``dt_rank + 2 N``: dt, B and
-    C) and ``out_proj`` (``hidden``); Mamba-2's ``out_proj``, and with one group its gated
-    norm's sum of squares (1).  Unlike sequence parallelism's all-gather, it grows with the
-    tokens, prefill and decode alike."""
-    return layers * sum(widths) * itemsize
+def tensor_parallel_bytes(layer_widths, itemsize=F32):
+    """Bytes a rank all-reduces per token of a model sharded by channel and head
+    (``tensor_parallel``): for each layer, the widths of its reductions: Mamba's ``x_proj``
+    (``dt_rank + 2 N``: dt, B and C) and ``out_proj`` (``hidden``); Mamba-2's ``out_proj``, and
+    with one group its gated norm's sum of squares (1); attention's ``o_proj`` and an MLP's
+    down projection (``hidden`` each).  Unlike sequence parallelism's all-gather, it grows
+    with the tokens, prefill and decode alike."""
+    return sum(sum(widths) for widths in layer_widths) * itemsize
 
 
 @dataclass(frozen=True)
