@@ -139,6 +139,41 @@ def _mamba2(mixer, rank, world):
     _reduce_output(mixer, "out_proj")
 
 
+def _gated_deltanet(mixer, rank, world):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5): the key heads split, each rank with the value heads
+    that read them (their state, decay, gate and norm are their own); ``out_proj`` reduced.
+    Qwen3-Next projects [q | k | v | z] and [b | a] grouped by key head (a contiguous block a
+    key head); Qwen3.5 projects q, k, v (together), z, b and a apart."""
+    import torch
+    from torch import nn
+
+    k_heads, v_heads, k_dim, v_dim = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
+    if k_heads % world:
+        raise ValueError(f"tensor_parallel: {k_heads} key heads do not split over {world} ranks")
+    keys, values = _block(k_heads * k_dim, k_heads, rank, world), _block(v_heads * v_dim, k_heads, rank, world)
+    heads = _block(v_heads, k_heads, rank, world)
+    key_width = k_heads * k_dim
+    conv_rows = torch.cat([keys, key_width + keys, 2 * key_width + values])
+    with _no_grad():
+        if hasattr(mixer, "in_proj_qkvz"):
+            mixer.in_proj_qkvz = _rows(mixer.in_proj_qkvz, _block(mixer.in_proj_qkvz.out_features, k_heads, rank, world))
+            mixer.in_proj_ba = _rows(mixer.in_proj_ba, _block(mixer.in_proj_ba.out_features, k_heads, rank, world))
+        else:
+            mixer.in_proj_qkv = _rows(mixer.in_proj_qkv, conv_rows)
+            mixer.in_proj_z = _rows(mixer.in_proj_z, values)
+            mixer.in_proj_b, mixer.in_proj_a = _rows(mixer.in_proj_b, heads), _rows(mixer.in_proj_a, heads)
+        conv = mixer.conv1d
+        mixer.conv1d = _conv(conv.weight[conv_rows], None if conv.bias is None else conv.bias[conv_rows],
+                             conv.padding[0])
+        for name in ("A_log", "dt_bias"):
+            setattr(mixer, name, nn.Parameter(getattr(mixer, name)[heads].clone()))
+        mixer.out_proj = _columns(mixer.out_proj, values, rank)
+    mixer.num_k_heads, mixer.num_v_heads = k_heads // world, v_heads // world
+    mixer.key_dim, mixer.value_dim = mixer.key_dim // world, mixer.value_dim // world
+    mixer.conv_dim = 2 * mixer.key_dim + mixer.value_dim
+    _reduce_output(mixer, "out_proj")
+
+
 def _attention(attn, rank, world):
     """Attention: the key/value heads split, each rank with the query heads that read them
     (grouped queries stay grouped); ``o_proj`` reduced.  A rank's paged KV cache then holds its
@@ -295,4 +330,6 @@ RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2,
          "GraniteMoeHybridMambaLayer": _mamba2, "GraniteMoeHybridAttention": _attention,
          "GraniteMoeHybridMLP": _fused_mlp,
          "NemotronHMamba2Mixer": _mamba2, "NemotronHAttention": _attention, "NemotronHMLP": _mlp,
-         "Zamba2MambaMixer": _mamba2}      # (Zamba2's shared attention block, with its adapters, replicated)
+         "Zamba2MambaMixer": _mamba2,
+         "Qwen3NextGatedDeltaNet": _gated_deltanet, "Qwen3NextAttention": _attention, "Qwen3NextMLP": _mlp,
+         "Qwen3_5GatedDeltaNet": _gated_deltanet, "Qwen3_5Attention": _attention, "Qwen3_5MLP": _mlp}      # (Zamba2's shared attention block, with its adapters, replicated)

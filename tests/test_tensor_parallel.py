@@ -86,17 +86,41 @@ def test_shards_over_two_ranks_compute_the_whole_models_logits(case):
             assert np.array_equal(np.asarray(got), expected.numpy())
 
 
-@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h", "zamba2"])
+def _qwen(cls, config, **extra):
+    """A tiny Qwen3.5 / Qwen3-Next with two key/value heads and two key heads (they split)."""
+    return cls(config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                      linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                      linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"], **extra))
+
+
+T = transformers
+# family: (model, the classes its shard splits)
+HYBRIDS = {
+    "granitemoehybrid": (FAMILIES["granitemoehybrid"][0],
+                         {"GraniteMoeHybridMambaLayer", "GraniteMoeHybridAttention", "GraniteMoeHybridMLP"}),
+    "nemotron_h": (FAMILIES["nemotron_h"][0], {"NemotronHMamba2Mixer", "NemotronHAttention", "NemotronHMLP"}),
+    "zamba2": (FAMILIES["zamba2"][0], {"Zamba2MambaMixer"}),
+    "qwen3_5": (lambda: _qwen(T.Qwen3_5ForCausalLM, T.Qwen3_5TextConfig),
+                {"Qwen3_5GatedDeltaNet", "Qwen3_5Attention", "Qwen3_5MLP"}),
+    "qwen3_next": (lambda: _qwen(T.Qwen3NextForCausalLM, T.Qwen3NextConfig, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=32),
+                   {"Qwen3NextGatedDeltaNet", "Qwen3NextAttention", "Qwen3NextMLP"}),   # (MLP: the shared expert)
+}
+
+
+@pytest.mark.parametrize("family", sorted(HYBRIDS))
 def test_each_hybrid_rule_shards_compute_the_whole_model_in_torch(family):
     """The other hybrids' rules (their mixers, attention and MLP classes), checked where they
     are defined: the shards, run in torch over two ranks' threads, give the whole model's
     logits; the compiled path of a shard is Bamba's above."""
-    model = FAMILIES[family][0]().eval()
+    torch.manual_seed(0)
+    make, classes = HYBRIDS[family]
+    model = make().eval()
     shards = [tensor_parallel.shard(model, rank, WORLD) for rank in range(WORLD)]
-    sharded = {type(m).__name__ for m in model.modules()} & set(tensor_parallel.RULES)
-    assert any("Mamba" in name for name in sharded), sharded
+    assert {type(m).__name__ for m in model.modules()} & set(tensor_parallel.RULES) == classes
     ids = torch.randint(0, 64, (1, 23), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad(), torch_kernels():
         want = model(ids).logits[:, -1].numpy()
         logits = collective.in_threads(WORLD, lambda rank: shards[rank](ids).logits[:, -1].detach().numpy())
     for got in logits:
