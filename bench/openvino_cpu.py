@@ -10,7 +10,7 @@ def compile_openvino(module, example, hints=(None,), weights=None):
     by NNCF's ``compress_weights`` in the same format (its embeddings and last layer at its
     8-bit backup, as ours keep the head).  hint -> ``(run, the precision it chose)``, or
     ``(None, why)`` where the conversion or the compile fails (a failed peer is a cell of the
-    table, not the run)."""
+    table, not the run).  A run takes new inputs of the example's shapes, or none (the example)."""
     import torch
 
     try:
@@ -51,8 +51,8 @@ def _compiled(ov, converted, feed, hint):
         request = compiled.create_infer_request()
         chosen = compiled.get_property("INFERENCE_PRECISION_HINT")
 
-        def run():
-            request.infer(feed)
+        def run(*inputs):          # (other inputs of the example's shapes: no new compile)
+            request.infer([x.numpy() for x in inputs] if inputs else feed)
             return request.get_output_tensor(0).data
 
         return run, getattr(chosen, "get_type_name", lambda: str(chosen))()

@@ -192,6 +192,7 @@ class _Quantize(relax.PyExprMutator):
         fmt = self.fmt.head_format() if weight.shape[::-1] in self.tables else self.fmt   # (the logits')
         if fmt is None:
             return call
+        fmt = fmt.for_depth(weight.shape[0])
         quantized = fmt.quantize(weight)
         x, out_dtype = call.args[0], str(call.ty.dtype)
         bf16_prefill = fmt.activations == "bfloat16" and self.bf16_dot and not _few_rows(x)

@@ -20,6 +20,7 @@ import numpy as np
 
 PANEL = 32          # columns of a packed panel (``pack``): a register tile's width
 GROUPS = (32, 64, 128)
+SMALLEST_GROUP = GROUPS[0]   # a 4-bit weight of fewer rows takes the 8-bit backup (``for_depth``)
 NAMES = ("int8", "int8_asym", "int4", "int4_asym",       # the names ``weight_format`` takes (a CLI lists them)
          *(f"int4{kind}_g{group}" for group in GROUPS for kind in ("", "_asym")))
 ACTIVATIONS = ("bfloat16",)
@@ -52,6 +53,15 @@ class WeightFormat:
         if self.head is None:
             return self
         return None if self.head == "float" else weight_format(self.head, activations=self.activations)
+
+    def for_depth(self, k):
+        """The format a weight of ``k`` rows takes: this one, or under 4 bits where ``k`` is
+        shorter than ``SMALLEST_GROUP`` (e.g. Mamba's ``dt_proj``, K = 16), the 8-bit asymmetric
+        backup NNCF also falls back to there.  Such a layer's bytes are few, and one short group
+        of 16 levels per column is coarse where a softplus and an exponential follow it."""
+        if self.bits == 4 and k < SMALLEST_GROUP:
+            return replace(self, bits=8, group=None, symmetric=False, head=None)
+        return self
 
     def nbytes(self, k, n):
         """Bytes of a (K, N) weight in this format (its values, scales and lows; unpadded)."""

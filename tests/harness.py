@@ -135,7 +135,7 @@ def quantized_copy(model, fmt):
                 continue
             w = module.weight.detach().double().numpy().T
             module.weight = torch.nn.Parameter(             # (a new one: a tied embedding stays float)
-                torch.tensor(layer.quantize(w).dequantize().T, dtype=module.weight.dtype))
+                torch.tensor(layer.for_depth(w.shape[0]).quantize(w).dequantize().T, dtype=module.weight.dtype))
     return copy
 
 

@@ -111,6 +111,25 @@ def test_quantized_layer_equals_its_dequantized_weight(spec, dtype, rows, depth)
     assert np.abs(got - plain).max() <= (3e-2 if fmt.bits == 8 else 0.2) * np.abs(plain).max()
 
 
+@pytest.mark.parametrize("spec", ["int4", "int4_asym_g32"])
+def test_a_4bit_weight_shorter_than_a_group_takes_the_8bit_backup(spec):
+    """A weight of fewer rows than the smallest group (Mamba's ``dt_proj``: K = 16) is stored
+    ``int8_asym``, NNCF's backup there, and computes that format's weight; a longer one keeps
+    the 4-bit format."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 48)).eval()
+    x = torch.randn(1, 5, 16)
+    _, report = quantize_weights(sw.from_torch(model, [x]), spec)
+    assert report.weights == [(16, 64), (64, 48)] and report.formats == ["int8_asym", weight_format(spec).name]
+    vm = relax.VirtualMachine(sw.compile(sw.from_torch(model, [x]), "llvm", weights=spec), tvm.cpu())
+    got = np.asarray(vm["main"](tvm.runtime.tensor(x.numpy()))[0].numpy(), dtype=np.float64)
+    w0 = weight_format("int8_asym").quantize(model[0].weight.detach().double().numpy().T).dequantize()
+    w1 = weight_format(spec).quantize(model[1].weight.detach().double().numpy().T).dequantize()
+    h = x.double().numpy() @ w0 + model[0].bias.detach().double().numpy()
+    y = h @ w1 + model[1].bias.detach().double().numpy()
+    assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max()
+
+
 @pytest.mark.parametrize("spec,packed,rows,rule,depth,cols", [("int8", "int8", 5, "DenseCPU", 128, 256),
                                                               ("int4_asym_g32", "uint8", 3, "DenseCPU", 200, 256),
                                                               ("int4_asym_g32", "uint8", 12, "DenseCPU", 128, 256),
