@@ -208,15 +208,27 @@ def _steps(model, layout):
 
 
 def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None, ranks=None):
-    """Import both steps at batch ``batch`` (prefill over a symbolic prompt length ``L`` of at
-    least ``shortest``, traced at ``prompt_sizes``), merge them into one IRModule, compile it.
-    ``ranks``: also ``prefill_split``, the prefill of one rank's part of the prompt among
-    ``ranks`` (``relax_pass.split.sequence``)."""
-    import torch
+    """``(IRModule, VirtualMachine, executable)`` of both steps at batch ``batch``
+    (``import_steps``), compiled."""
     import tvm
     from tvm import relax
 
     from .api import compile as sw_compile
+
+    mod = import_steps(model, layout, batch, target, tuple(prompt_sizes), shortest, ranks)
+    executable = sw_compile(mod, target, weights=weights)
+    return mod, relax.VirtualMachine(executable, tvm.cpu()), executable
+
+
+def import_steps(model, layout, batch, target, prompt_sizes, shortest, ranks=None):
+    """Import both steps at batch ``batch`` (prefill over a symbolic prompt length ``L`` of at
+    least ``shortest``, traced at ``prompt_sizes``), merged into one IRModule.  ``ranks``: also
+    ``prefill_split``, the prefill of one rank's part of the prompt among ``ranks``
+    (``relax_pass.split.sequence``)."""
+    import torch
+    import tvm
+    from tvm import relax
+
     from .api import from_torch
 
     from . import paged_attention as paged
@@ -258,8 +270,7 @@ def _compile(model, layout, batch, target, prompt_sizes, shortest, weights=None,
         mod = paged.add_create_function(mod, spec, target)
     if ranks:
         mod = _with_split_prefill(mod, ranks)
-    executable = sw_compile(mod, target, weights=weights)
-    return mod, relax.VirtualMachine(executable, tvm.cpu()), executable
+    return mod
 
 
 def _with_split_prefill(mod, ranks):

@@ -18,3 +18,21 @@ def emulated_amx(monkeypatch):
     monkeypatch.setattr(amx_bf16, "available", lambda target: True)
     monkeypatch.setattr(amx_bf16, "intrin", emulated)
     return depths
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_import_per_model():
+    """A model's steps imported once per test process (``import_cache``); ``SW_IMPORT_CACHE=0``
+    imports every time."""
+    import os
+
+    if os.environ.get("SW_IMPORT_CACHE", "1") == "0":
+        yield
+        return
+    from import_cache import memoized
+    from scanweaver_tvm import causal_lm_steps
+
+    original = causal_lm_steps.import_steps
+    causal_lm_steps.import_steps = memoized(original)
+    yield
+    causal_lm_steps.import_steps = original
