@@ -156,8 +156,9 @@ def _gated_deltanet(mixer, rank, world):
     conv_rows = torch.cat([keys, key_width + keys, 2 * key_width + values])
     with _no_grad():
         if hasattr(mixer, "in_proj_qkvz"):
-            mixer.in_proj_qkvz = _rows(mixer.in_proj_qkvz, _block(mixer.in_proj_qkvz.out_features, k_heads, rank, world))
-            mixer.in_proj_ba = _rows(mixer.in_proj_ba, _block(mixer.in_proj_ba.out_features, k_heads, rank, world))
+            for name in ("in_proj_qkvz", "in_proj_ba"):     # (a key head's rows: one block)
+                dense = getattr(mixer, name)
+                setattr(mixer, name, _rows(dense, _block(dense.out_features, k_heads, rank, world)))
         else:
             mixer.in_proj_qkv = _rows(mixer.in_proj_qkv, conv_rows)
             mixer.in_proj_z = _rows(mixer.in_proj_z, values)
@@ -330,6 +331,6 @@ RULES = {"MambaMixer": _mamba, "Mamba2Mixer": _mamba2,
          "GraniteMoeHybridMambaLayer": _mamba2, "GraniteMoeHybridAttention": _attention,
          "GraniteMoeHybridMLP": _fused_mlp,
          "NemotronHMamba2Mixer": _mamba2, "NemotronHAttention": _attention, "NemotronHMLP": _mlp,
-         "Zamba2MambaMixer": _mamba2,
+         "Zamba2MambaMixer": _mamba2,      # (Zamba2's shared attention block, with its adapters, replicated)
          "Qwen3NextGatedDeltaNet": _gated_deltanet, "Qwen3NextAttention": _attention, "Qwen3NextMLP": _mlp,
-         "Qwen3_5GatedDeltaNet": _gated_deltanet, "Qwen3_5Attention": _attention, "Qwen3_5MLP": _mlp}      # (Zamba2's shared attention block, with its adapters, replicated)
+         "Qwen3_5GatedDeltaNet": _gated_deltanet, "Qwen3_5Attention": _attention, "Qwen3_5MLP": _mlp}

@@ -4,11 +4,12 @@ Several test files compile the same tiny model (Qwen3-Next in float32 by the hyb
 int4 and bf16-prefill tests, say), and the import (``torch.export`` at three prompt sizes, the
 pass, the generalization) is most of a build.  The weight format, the target's lowering and
 everything after the import still run per test, each on its own copy of the module (a pass
-may set functions in the module it is given), so a test cannot change another's.  The key is what the import reads: the model's class, config and weights,
-the step shapes, the state layout, and the identity of every function of the model's code and
-of ours (a test that patches one, by ``monkeypatch`` or by hand, misses the cache and imports
-afresh).  ``SW_IMPORT_CACHE=0`` turns it off; ``SW_IMPORT_CACHE_LOG=FILE`` appends each hit's
-saved seconds."""
+may set functions in the module it is given), so a test cannot change another's.  The key is
+what the import reads: the model's class, config and weights, the step shapes, the state
+layout, and the identity of every function of the model's code and of ours (a test that
+patches one, by ``monkeypatch`` or by hand, misses the cache and imports afresh).
+``SW_IMPORT_CACHE=0`` turns it off; ``SW_IMPORT_CACHE_LOG=FILE`` appends each hit's saved
+seconds."""
 import hashlib
 import os
 import sys
@@ -76,7 +77,8 @@ def _code_identity(model):
 
 
 def _callables(namespace):
-    return [(key, id(value)) for key, value in namespace.items() if callable(value) and not isinstance(value, type)]
+    return [(key, id(value)) for key, value in namespace.items()
+            if callable(value) and not isinstance(value, type)]
 
 
 def _log(line):

@@ -58,8 +58,9 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_shards_over_two_ranks_compute_the_whole_models_logits(case):
     """Each rank's prefill logits are the whole model's (the shards built in their ranks'
-    threads, at once), with the bytes the cost model counts; a hybrid's ranks then generate transformers' tokens, each decoding from its own paged cache
-    (its share of the key/value heads)."""
+    threads, at once), with the bytes the cost model counts; a hybrid's ranks then generate
+    transformers' tokens, each decoding from its own paged cache (its share of the key/value
+    heads)."""
     make, op, widths = CASES[case]
     model = make()
     shards = [sw.compile_causal_lm(model, tensor_parallel=(rank, WORLD)) for rank in range(WORLD)]
@@ -67,7 +68,8 @@ def test_shards_over_two_ranks_compute_the_whole_models_logits(case):
     with torch.no_grad():
         want = model(ids).logits[:, -1].numpy()
     traffic = [collective.Traffic() for _ in range(WORLD)]
-    logits = collective.in_threads(WORLD, lambda rank: shards[rank].prefill(ids.numpy())[0].numpy(), traffic=traffic)
+    logits = collective.in_threads(WORLD, lambda rank: shards[rank].prefill(ids.numpy())[0].numpy(),
+                                   traffic=traffic)
     mixers = sum(1 for m in model.modules() if type(m).__name__ in ("MambaMixer", "Mamba2Mixer", "BambaMixer"))
     assert shards[0].module()["prefill"].script(show_meta=False).count(op) == mixers   # (built in the threads)
     for got in logits:
