@@ -60,8 +60,7 @@ def _load(model_or_path):
     return model_or_path.eval()
 
 
-_IMPORTING = threading.Lock()   # torch.export is not thread-safe: shards built from their ranks'
-                                # threads (tensor parallel) import one at a time
+_IMPORTING = threading.Lock()   # torch.export is not thread-safe: ranks' threads import in turn
 
 
 class CompiledCausalLM:
