@@ -74,24 +74,19 @@ def shard(model, rank, world):
 def _mamba(mixer, rank, world):
     """Mamba-1: the inner channels split; ``x_proj`` and ``out_proj`` reduced."""
     import torch
-    from torch import nn
 
     width = mixer.intermediate_size
     if width % world:
         raise ValueError(f"tensor_parallel: {width} inner channels do not split over {world} ranks")
-    part = width // world
-    keep = torch.arange(rank * part, (rank + 1) * part)
+    keep = _block(width, world, rank, world)
     with torch.no_grad():
-        in_proj, dt_proj, conv = mixer.in_proj, mixer.dt_proj, mixer.conv1d
-        rows = torch.cat([keep, width + keep])                 # in_proj rows: [x (width), gate (width)]
-        mixer.in_proj = _linear(in_proj.weight[rows], None if in_proj.bias is None else in_proj.bias[rows])
-        mixer.x_proj = _linear(mixer.x_proj.weight[:, keep], None)
-        mixer.dt_proj = _linear(dt_proj.weight[keep], dt_proj.bias[keep])
-        mixer.out_proj = _linear(mixer.out_proj.weight[:, keep], _first_rank_bias(mixer.out_proj.bias, rank))
-        mixer.conv1d = _conv(conv.weight[keep], None if conv.bias is None else conv.bias[keep], conv.padding[0])
-        mixer.A_log = nn.Parameter(mixer.A_log[keep].clone())
-        mixer.D = nn.Parameter(mixer.D[keep].clone())
-    mixer.intermediate_size = part
+        mixer.in_proj = _rows(mixer.in_proj, torch.cat([keep, width + keep]))   # [x (width), gate (width)]
+        mixer.x_proj = _columns(mixer.x_proj, keep, rank)
+        mixer.dt_proj = _rows(mixer.dt_proj, keep)
+        mixer.out_proj = _columns(mixer.out_proj, keep, rank)
+        mixer.conv1d = _conv_channels(mixer.conv1d, keep)
+        _keep_entries(mixer, ("A_log", "D"), keep)
+    mixer.intermediate_size = width // world
     _reduce_output(mixer, "x_proj")
     _reduce_output(mixer, "out_proj")
 
@@ -102,7 +97,6 @@ def _mamba2(mixer, rank, world):
     With one group the gated norm spans every head: its sum of squares is all-reduced.
     ``out_proj`` reduced."""
     import torch
-    from torch import nn
 
     heads, groups, state = mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
     width, dim = mixer.intermediate_size, mixer.head_dim
@@ -121,17 +115,12 @@ def _mamba2(mixer, rank, world):
                       bc + 2 * groups * state + head_rows])
     conv_rows = torch.cat([channels, width + group_rows, width + groups * state + group_rows])
     with torch.no_grad():
-        mixer.in_proj = _linear(mixer.in_proj.weight[rows],
-                                None if mixer.in_proj.bias is None else mixer.in_proj.bias[rows])
-        conv = mixer.conv1d
-        mixer.conv1d = _conv(conv.weight[conv_rows], None if conv.bias is None else conv.bias[conv_rows],
-                             conv.padding[0])
-        for name in ("A_log", "D", "dt_bias"):
-            setattr(mixer, name, nn.Parameter(getattr(mixer, name)[head_rows].clone()))
-        out = mixer.out_proj
-        mixer.out_proj = _linear(out.weight[:, channels], _first_rank_bias(out.bias, rank))
+        mixer.in_proj = _rows(mixer.in_proj, rows)
+        mixer.conv1d = _conv_channels(mixer.conv1d, conv_rows)
+        _keep_entries(mixer, ("A_log", "D", "dt_bias"), head_rows)
+        mixer.out_proj = _columns(mixer.out_proj, channels, rank)
         norm = mixer.norm
-        norm.weight = nn.Parameter(norm.weight[channels].clone())
+        _keep_entries(norm, ("weight",), channels)
     mixer.intermediate_size, mixer.num_heads, mixer.n_groups = part_heads * dim, part_heads, own_groups
     mixer.conv_dim = part_heads * dim + 2 * own_groups * state
     if not split_groups:
@@ -145,7 +134,6 @@ def _gated_deltanet(mixer, rank, world):
     Qwen3-Next projects [q | k | v | z] and [b | a] grouped by key head (a contiguous block a
     key head); Qwen3.5 projects q, k, v (together), z, b and a apart."""
     import torch
-    from torch import nn
 
     k_heads, v_heads, k_dim, v_dim = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
     if k_heads % world:
@@ -163,11 +151,8 @@ def _gated_deltanet(mixer, rank, world):
             mixer.in_proj_qkv = _rows(mixer.in_proj_qkv, conv_rows)
             mixer.in_proj_z = _rows(mixer.in_proj_z, values)
             mixer.in_proj_b, mixer.in_proj_a = _rows(mixer.in_proj_b, heads), _rows(mixer.in_proj_a, heads)
-        conv = mixer.conv1d
-        mixer.conv1d = _conv(conv.weight[conv_rows], None if conv.bias is None else conv.bias[conv_rows],
-                             conv.padding[0])
-        for name in ("A_log", "dt_bias"):
-            setattr(mixer, name, nn.Parameter(getattr(mixer, name)[heads].clone()))
+        mixer.conv1d = _conv_channels(mixer.conv1d, conv_rows)
+        _keep_entries(mixer, ("A_log", "dt_bias"), heads)
         mixer.out_proj = _columns(mixer.out_proj, values, rank)
     mixer.num_k_heads, mixer.num_v_heads = k_heads // world, v_heads // world
     mixer.key_dim, mixer.value_dim = mixer.key_dim // world, mixer.value_dim // world
@@ -243,6 +228,14 @@ def _columns(dense, keep, rank):
     return _linear(dense.weight[:, keep], _first_rank_bias(dense.bias, rank))
 
 
+def _keep_entries(module, names, keep):
+    """``module``'s per-channel (or per-head) parameters ``names`` cut to entries ``keep``."""
+    from torch import nn
+
+    for name in names:
+        setattr(module, name, nn.Parameter(getattr(module, name)[keep].clone()))
+
+
 def _no_grad():
     import torch
 
@@ -257,12 +250,13 @@ def _linear(weight, bias):
                              device=weight.device), weight, bias)
 
 
-def _conv(weight, bias, padding):
-    """A depthwise causal conv of ``weight``'s channels."""
+def _conv_channels(conv, keep):
+    """The depthwise causal conv of ``conv``'s channels ``keep``."""
     from torch import nn
 
+    weight, bias = conv.weight[keep], None if conv.bias is None else conv.bias[keep]
     channels = weight.shape[0]
-    return _filled(nn.Conv1d(channels, channels, weight.shape[2], groups=channels, padding=padding,
+    return _filled(nn.Conv1d(channels, channels, weight.shape[2], groups=channels, padding=conv.padding[0],
                              bias=bias is not None, dtype=weight.dtype, device=weight.device), weight, bias)
 
 

@@ -60,19 +60,18 @@ def fingerprint(model, layout, batch, target, prompt_sizes, shortest, ranks):
 
 
 def _code_identity(model):
-    """The ids of the functions the import may call: those of each module's class (its MRO),
-    of the modules defining them, of the model's own instances, and of our packages."""
-    names = set()
-    for module in model.modules():
-        names.update(cls.__module__ for cls in type(module).__mro__)
-    names.update(n for n in sys.modules if n.split(".")[0] in OURS)
+    """The ids of the functions the import may call: those of the model's classes (every
+    module's, with their bases), of the modules defining them, of the model's own instances,
+    and of our packages."""
+    classes = {cls for module in model.modules() for cls in type(module).__mro__}
+    names = {cls.__module__ for cls in classes} | {n for n in sys.modules if n.split(".")[0] in OURS}
     ids = []
     for name in sorted(names):
         ids.extend(_callables(vars(sys.modules[name])) if name in sys.modules else ())
+    for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
+        ids.extend(_callables(vars(cls)))
     for module in model.modules():
         ids.extend(_callables(vars(module)))
-        for cls in type(module).__mro__:
-            ids.extend(_callables(vars(cls)))
     return tuple(ids)
 
 
